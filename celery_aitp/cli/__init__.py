@@ -1,0 +1,1 @@
+"""Command line: ``celery -A proj aitp ...`` and the app-less ``celery-aitp``."""

@@ -1,0 +1,47 @@
+"""``celery -A proj aitp ...``: operate the middleware of an app.
+
+Each sub-command lives in its own module and is registered in ``COMMANDS`` below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from celery_aitp.cli.common import validate
+from celery_aitp.cli.output import fail
+
+
+def middleware_of(ctx: click.Context) -> Any:
+    """The app's middleware, or a clear error if ``install(app)`` was never called."""
+    app = ctx.obj.app
+    mw = getattr(app, "aitp", None)
+    if mw is None:
+        fail(f"app {app.main!r} has no AITP middleware: call celery_aitp.install(app) in it")
+    return mw
+
+
+@click.group("aitp")
+@click.pass_context
+def aitp(ctx: click.Context) -> None:
+    """Intelligent task placement: status, stages, evacuation, models, dashboard."""
+
+
+aitp.add_command(validate)
+
+#: Sub-command modules; each defines ``command`` (a click command using ``middleware_of``).
+COMMANDS = (
+    "celery_aitp.cli.status",
+    "celery_aitp.cli.evacuate",
+)
+
+
+def _register() -> None:
+    import importlib
+
+    for module in COMMANDS:
+        aitp.add_command(importlib.import_module(module).command)
+
+
+_register()

@@ -1,0 +1,1 @@
+"""The demo: an embedded broker, three kinds of workers and a mixed multi-tenant load."""

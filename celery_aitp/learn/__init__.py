@@ -1,0 +1,1 @@
+"""Learning from observed runs: training and model storage (never on the publish path)."""

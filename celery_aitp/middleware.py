@@ -1,0 +1,191 @@
+"""Per-app middleware: settings, store, cached view, pipeline, counters, in one object.
+
+``install(app)`` attaches one :class:`Middleware` as ``app.aitp``. Everything is built
+lazily on first use, so installing before ``app.config_from_object`` is fine, and
+nothing opens a connection at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Any
+
+from kombu import Queue
+
+from celery_aitp.errors import PolicyError
+from celery_aitp.policy import Policy
+from celery_aitp.publish.hook import AUTO_ROUTE
+from celery_aitp.publish.live_view import LiveView
+from celery_aitp.publish.pipeline import Pipeline, default_stages
+from celery_aitp.publish.request import Decision, Request
+from celery_aitp.queues import is_tier_queue, tier_queue
+from celery_aitp.settings import Settings, resolve_settings
+from celery_aitp.store import Keys, RedisStore, connect
+from celery_aitp.telemetry.counters import Counters
+
+logger = logging.getLogger(__name__)
+
+#: Keys a task may declare in ``@app.task(aitp={...})``; others are reported once.
+DECLARABLE = frozenset(
+    {"accelerator", "tier", "memory_mb", "cpu", "labels", "runtime_hint_s", "impact"}
+)
+_REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "socket://", "unix://")
+
+
+def store_url_for(settings: Settings, broker_url: str | None) -> str:
+    """The store URL: explicit setting, else the broker's when it is Redis."""
+    if settings.store_url:
+        return settings.store_url
+    if broker_url and broker_url.startswith(_REDIS_SCHEMES):
+        return broker_url
+    raise PolicyError(
+        "aitp_store_url: required when the broker is not Redis "
+        f"(broker: {(broker_url or 'none').split('://')[0]}://...)"
+    )
+
+
+class Middleware:
+    """Everything the publish hook and the worker steps share for one Celery app."""
+
+    def __init__(self, app: Any, policy: Any = None, **overrides: Any) -> None:
+        self.app = app
+        self._policy_source = policy
+        self._overrides = overrides
+        self.counters = Counters()
+        self._declared: dict[str, Mapping[str, Any]] = {}
+        self._queues: dict[str, Queue] = {}
+        self._lock = threading.Lock()
+
+    # --- lazily built parts -------------------------------------------------------
+
+    @cached_property
+    def settings(self) -> Settings:
+        """Resolved once; raises PolicyError with every bad field named."""
+        return resolve_settings(self.app.conf, self._policy_source, **self._overrides)
+
+    @property
+    def policy(self) -> Policy:
+        return self.settings.policy
+
+    @cached_property
+    def store(self) -> RedisStore:
+        url = store_url_for(self.settings, self.app.conf.broker_url)
+        client = connect(url, self.settings.store_timeout_s)
+        return RedisStore(client, Keys(self.settings.key_prefix))
+
+    @cached_property
+    def live(self) -> LiveView:
+        s = self.settings
+        return LiveView(
+            self.store, s.policy, self.counters, s.refresh_interval_s, s.max_staleness_s,
+            record_limits={
+                self.store.keys.observations: s.observation_maxlen,
+                self.store.keys.decisions: s.decision_maxlen,
+            },
+        )
+
+    @cached_property
+    def pipeline(self) -> Pipeline:
+        return Pipeline(default_stages(self.policy))
+
+    def use_stage(self, name: str, stage: Any) -> None:
+        """Swap one pipeline stage (how later capabilities plug in)."""
+        self.pipeline = self.pipeline.replace(name, stage)
+
+    @property
+    def default_queue(self) -> str:
+        return str(self.app.conf.task_default_queue)
+
+    def queue(self, name: str) -> Queue:
+        """The (cached) kombu Queue for a tier queue, declared as workers declare it."""
+        q = self._queues.get(name)
+        if q is None:
+            q = tier_queue(name, self.default_queue, self.app.conf.task_queue_max_priority)
+            self._queues[name] = q
+        return q
+
+    def declared(self, task_name: str) -> Mapping[str, Any]:
+        """The task's ``aitp={...}`` declaration, validated once per task name."""
+        found = self._declared.get(task_name)
+        if found is None:
+            task = self.app.tasks.get(task_name)
+            raw = getattr(task, "aitp", None) if task is not None else None
+            found = dict(raw) if isinstance(raw, Mapping) else {}
+            unknown = set(found) - DECLARABLE
+            if unknown:
+                logger.warning("aitp: task %s declares unknown option(s) %s (known: %s)",
+                               task_name, sorted(unknown), sorted(DECLARABLE))
+            self._declared[task_name] = found
+        return found
+
+    # --- the publish path ---------------------------------------------------------
+
+    def on_publish(self, name: str, message: Any, options: dict[str, Any]) -> dict[str, Any]:
+        """Decide, annotate and maybe reroute one message. Never raises."""
+        auto = bool(options.pop(AUTO_ROUTE, False))
+        now = time.time()
+        try:
+            decision = self._decide(name, message, options, auto, now)
+        except Exception as exc:
+            decision = Decision("unknown", now).fall_back(f"error:{type(exc).__name__}")
+            logger.warning("aitp: decision failed for %s, using Celery's route: %r", name, exc)
+        try:
+            self._apply(decision, options, auto)
+        except Exception as exc:  # pragma: no cover - defensive: publish must go on
+            self.counters.incr("apply_errors")
+            logger.error("aitp: could not annotate %s: %r", name, exc)
+        return options
+
+    def _decide(self, name: str, message: Any, options: dict[str, Any], auto: bool,
+                now: float) -> Decision:
+        headers = options.get("headers") or {}
+        msg_headers = message.headers if isinstance(message.headers, dict) else {}
+        body = message.body
+        args, kwargs = (body[0], body[1]) if isinstance(body, tuple) and len(body) >= 2 else ((), {})
+        explicit = None if auto else _queue_name(options.get("queue"))
+        request = Request(
+            name, str(msg_headers.get("id", "")), args, kwargs,
+            headers if isinstance(headers, Mapping) else {},
+            self.declared(name), explicit, now, msg_headers.get("retries") or 0,
+        )
+        view = self.live.current()
+        decision = self.pipeline.decide(request, view, now)
+        if not auto:
+            decision.fall_back("explicit_queue")
+            if explicit and is_tier_queue(explicit) and explicit not in view.live_queues:
+                decision.reason = "explicit_queue_dead"
+        return decision
+
+    def _apply(self, decision: Decision, options: dict[str, Any], auto: bool) -> None:
+        headers = options.get("headers")
+        headers = dict(headers) if isinstance(headers, Mapping) else {}
+        headers["aitp"] = decision.header()
+        options["headers"] = headers
+        counters = self.counters
+        counters.incr(f"decisions:{decision.stage}:{decision.reason}")
+        for note in decision.notes:
+            counters.incr(note)
+        if decision.routed:
+            options["queue"] = self.queue(decision.queue or "")
+            for key in ("exchange", "routing_key", "exchange_type"):
+                options.pop(key, None)
+            options["priority"] = 0  # one priority inside a tier queue keeps tiers strict
+        elif decision.reason == "explicit_queue_dead":
+            options["queue"] = self.default_queue
+            for key in ("exchange", "routing_key", "exchange_type"):
+                options.pop(key, None)
+
+    def close(self) -> None:
+        """Flush telemetry and stop the refresher (process shutdown)."""
+        if "live" in self.__dict__:
+            self.live.close()
+
+
+def _queue_name(queue: Any) -> str | None:
+    if queue is None:
+        return None
+    return str(getattr(queue, "name", queue))

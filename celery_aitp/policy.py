@@ -1,0 +1,225 @@
+"""The scheduling policy: tiers, tenants, accelerator classes and the migration stage.
+
+A policy is validated once, at start-up (or by ``celery aitp validate``), so the publish
+path can trust it. Every invalid field is reported with its path, e.g.
+``tenants.acme.max_tier: unknown tier 'gold' (tiers: hi, mid, lo)``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from celery_aitp.errors import PolicyError
+
+#: Names that end up inside queue names: keep them short and broker-safe.
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+
+
+class Stage(str, Enum):
+    """Migration stage: how much of the traffic the middleware may route."""
+
+    COEXISTENCE = "coexistence"  # shadow: decide, annotate and record, route nothing
+    SPLIT = "split"  # route a share or a selected part of the traffic
+    TAKEOVER = "takeover"  # route everything; the default queue serves only fallbacks
+
+
+def _check_name(value: str) -> str:
+    if not NAME_PATTERN.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name (lower-case letters, digits, '_' or '-', "
+            "at most 32 characters, starting with a letter or digit)"
+        )
+    return value
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Tier(_Model):
+    """One service tier. Tiers are listed highest first."""
+
+    name: str = Field(description="Queue-name-safe tier name, e.g. 'hi'.")
+    sla_s: float = Field(gt=0, description="Target queue wait in seconds for this tier.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _check_name(value)
+
+
+class Tenant(_Model):
+    """A tenant: the highest tier it may use and its fair-share weight."""
+
+    max_tier: str | None = Field(
+        default=None, description="Highest tier this tenant may use; None means the top tier."
+    )
+    weight: float = Field(default=1.0, gt=0, le=1e6, description="Fair-share weight.")
+
+
+class SplitSettings(_Model):
+    """Which part of the traffic is routed in the split stage."""
+
+    percent: float = Field(default=0.0, ge=0, le=100, description="Share of tasks routed.")
+    tenants: tuple[str, ...] = Field(default=(), description="Only these tenants (empty: all).")
+    tasks: tuple[str, ...] = Field(
+        default=(), description="Only task names matching these glob patterns (empty: all)."
+    )
+    tiers: tuple[str, ...] = Field(default=(), description="Only these tiers (empty: all).")
+    max_uncertainty: float | None = Field(
+        default=None,
+        gt=0,
+        description="Only tasks whose p90/p50 prediction ratio is at most this (None: any).",
+    )
+
+
+class Policy(_Model):
+    """The whole scheduling policy. See the README's configuration reference."""
+
+    tiers: tuple[Tier, ...] = Field(
+        default=(Tier(name="hi", sla_s=5), Tier(name="mid", sla_s=60), Tier(name="lo", sla_s=600)),
+        min_length=1,
+        max_length=10,
+        description="Ordered tiers, highest first.",
+    )
+    tenants: dict[str, Tenant] = Field(
+        default_factory=lambda: {"default": Tenant()},
+        description="Known tenants by name.",
+    )
+    default_tenant: str = Field(default="default", description="Tenant for unmarked tasks.")
+    accelerators: tuple[str, ...] = Field(
+        default=("cpu", "gpu"), min_length=1, description="Accelerator classes."
+    )
+    default_accelerator: str = Field(default="cpu", description="Class for undeclared tasks.")
+    default_tier: str | None = Field(
+        default=None, description="Tier of tasks that declare none; None means the lowest tier."
+    )
+    tenant_kwarg: str | None = Field(
+        default=None,
+        description="Keyword argument naming the tenant when no aitp_tenant header is given.",
+    )
+    stage: Stage = Field(
+        default=Stage.COEXISTENCE,
+        description="Initial stage; the stage stored in the shared store wins once set.",
+    )
+    split: SplitSettings = Field(default_factory=SplitSettings, description="Split settings.")
+    labels: dict[str, float] = Field(
+        default_factory=dict,
+        description="Business-impact labels and their weight in [0, 1].",
+    )
+
+    @field_validator("accelerators")
+    @classmethod
+    def _accelerators(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            _check_name(name)
+        if len(set(value)) != len(value):
+            raise ValueError("accelerator names must be unique")
+        return value
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenants(cls, value: dict[str, Tenant]) -> dict[str, Tenant]:
+        for name in value:
+            _check_name(name)
+        return value
+
+    @model_validator(mode="after")
+    def _cross_refs(self) -> Policy:
+        names = [t.name for t in self.tiers]
+        if len(set(names)) != len(names):
+            raise ValueError("tier names must be unique")
+        problems = [
+            f"tenants.{tenant}.max_tier: unknown tier {spec.max_tier!r} (tiers: {', '.join(names)})"
+            for tenant, spec in self.tenants.items()
+            if spec.max_tier is not None and spec.max_tier not in names
+        ]
+        if self.default_tenant not in self.tenants:
+            problems.append(f"default_tenant: {self.default_tenant!r} is not in tenants")
+        if self.default_accelerator not in self.accelerators:
+            problems.append(f"default_accelerator: {self.default_accelerator!r} not in accelerators")
+        if self.default_tier is not None and self.default_tier not in names:
+            problems.append(f"default_tier: unknown tier {self.default_tier!r}")
+        problems += [
+            f"split.tiers: unknown tier {t!r}" for t in self.split.tiers if t not in names
+        ]
+        problems += [
+            f"split.tenants: unknown tenant {t!r}"
+            for t in self.split.tenants
+            if t not in self.tenants
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # --- convenience used on the hot path; cheap, derived from frozen fields ---
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        """Tier names, highest first."""
+        return tuple(t.name for t in self.tiers)
+
+    def tier_rank(self, tier: str) -> int:
+        """0 for the highest tier; larger is lower."""
+        return self.tier_names.index(tier)
+
+    def lowest_tier(self) -> str:
+        return self.tiers[-1].name
+
+    def allowed_tiers(self, tenant: str) -> tuple[str, ...]:
+        """Tiers the tenant may use, highest first."""
+        cap = self.tenants[tenant].max_tier
+        names = self.tier_names
+        return names if cap is None else names[names.index(cap) :]
+
+
+def _format_errors(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(policy)"
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {message}")
+    return "\n".join(lines)
+
+
+def parse_policy(data: Mapping[str, Any]) -> Policy:
+    """Validate a mapping into a Policy, or raise PolicyError listing every bad field."""
+    if not isinstance(data, Mapping):
+        raise PolicyError(f"(policy): expected a mapping, got {type(data).__name__}")
+    try:
+        return Policy.model_validate(dict(data))
+    except ValidationError as exc:
+        raise PolicyError(_format_errors(exc)) from None
+
+
+def read_policy_file(path: str | Path) -> Policy:
+    """Load a policy from a YAML (.yml/.yaml) or JSON file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read policy file ({exc.strerror})") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise PolicyError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}")
+    return parse_policy(data if data is not None else {})
+
+
+def load_policy(source: Policy | Mapping[str, Any] | str | Path | None) -> Policy:
+    """Accept a Policy, a dict, a file path, or None (the defaults)."""
+    if source is None:
+        return Policy()
+    if isinstance(source, Policy):
+        return source
+    if isinstance(source, (str, Path)):
+        return read_policy_file(source)
+    return parse_policy(source)

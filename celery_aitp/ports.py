@@ -1,0 +1,40 @@
+"""Small interfaces to the outside world; adapters implement them, stubs fake them.
+
+The core resolves an implementation through :mod:`celery_aitp.registry` and never
+imports a driver itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+
+class QueueOps(Protocol):
+    """Broker-specific queue operations the middleware needs."""
+
+    def depths(self, queues: Iterable[str]) -> dict[str, int]:
+        """Messages waiting in each queue (all priority levels together)."""
+        ...
+
+    def oldest_ages(self, queues: Iterable[str], now: float) -> dict[str, float | None]:
+        """Seconds since the oldest waiting message of each queue was decided (None: empty)."""
+        ...
+
+    def move_all(self, source: str, destination: str) -> int:
+        """Move every waiting message from ``source`` to ``destination``.
+
+        Each message must end up in exactly one of the two queues at every instant:
+        nothing lost, nothing duplicated. Returns how many were moved.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+class AcceleratorProbe(Protocol):
+    """Reports which accelerators this host has and what a process uses."""
+
+    def classes(self) -> list[str]:
+        """Accelerator classes present on this host, e.g. ['gpu'] or []."""
+        ...

@@ -1,0 +1,1 @@
+"""The publish path: hook -> pipeline stages -> decision. Never touches the network."""

@@ -1,0 +1,182 @@
+"""The publish path's cached view of shared state, refreshed in the background.
+
+Publishing never waits on the store: it reads the last snapshot (live queues, stage,
+model version). A daemon thread refreshes it every ``refresh_interval_s`` and, in the
+same round, ships buffered counters and records. A snapshot older than
+``max_staleness_s`` is reported as not fresh, which makes every routed task fall back.
+After ``fork()`` (prefork pool children) the thread is restarted lazily in the child.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery_aitp.errors import StoreError
+from celery_aitp.policy import Policy, SplitSettings, Stage
+from celery_aitp.store import RedisStore
+from celery_aitp.telemetry.buffer import RecordBuffer
+from celery_aitp.telemetry.counters import Counters
+
+logger = logging.getLogger(__name__)
+
+
+class View:
+    """One immutable snapshot, as read by the pipeline stages."""
+
+    __slots__ = ("live_queues", "stage", "split", "fresh", "model_version", "fetched_at")
+
+    def __init__(
+        self,
+        live_queues: frozenset[str],
+        stage: Stage,
+        split: SplitSettings,
+        fresh: bool,
+        model_version: str | None = None,
+        fetched_at: float = 0.0,
+    ) -> None:
+        self.live_queues = live_queues
+        self.stage = stage
+        self.split = split
+        self.fresh = fresh
+        self.model_version = model_version
+        self.fetched_at = fetched_at
+
+
+def stage_from_doc(doc: dict[str, Any] | None, policy: Policy) -> tuple[Stage, SplitSettings]:
+    """Stage and split settings from the store's document; the policy's when absent or bad."""
+    if not doc:
+        return policy.stage, policy.split
+    try:
+        stage = Stage(doc.get("stage"))
+        split = SplitSettings.model_validate(doc.get("split") or {})
+    except (ValueError, TypeError):
+        logger.error("aitp: ignoring malformed stage document in the store: %r", doc)
+        return policy.stage, policy.split
+    return stage, split
+
+
+Listener = Callable[[View], None]
+
+
+class LiveView:
+    """Keeps a fresh-enough View and flushes telemetry, without blocking publishers."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        policy: Policy,
+        counters: Counters,
+        refresh_interval_s: float = 1.0,
+        max_staleness_s: float = 5.0,
+        record_limits: dict[str, int] | None = None,
+    ) -> None:
+        self.store = store
+        self.policy = policy
+        self.counters = counters
+        self.refresh_interval_s = refresh_interval_s
+        self.max_staleness_s = max_staleness_s
+        self.buffers: dict[str, RecordBuffer] = {}
+        self._record_limits = record_limits or {}
+        self._listeners: list[Listener] = []
+        self._view = View(frozenset(), policy.stage, policy.split, fresh=False)
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._atexit = False
+
+    # --- reading ------------------------------------------------------------------
+
+    def current(self) -> View:
+        """The latest snapshot; starts the refresher on first use in each process."""
+        if self._pid != os.getpid():
+            self._start()
+        view = self._view
+        if view.fresh and time.monotonic() - view.fetched_at > self.max_staleness_s:
+            view = View(view.live_queues, view.stage, view.split, False, view.model_version,
+                        view.fetched_at)
+        return view
+
+    def on_refresh(self, listener: Listener) -> None:
+        """Call ``listener(view)`` after every successful refresh (e.g. model reload)."""
+        self._listeners.append(listener)
+
+    def buffer(self, stream: str) -> RecordBuffer:
+        """The record buffer feeding a store stream (created on first use)."""
+        buf = self.buffers.get(stream)
+        if buf is None:
+            buf = self.buffers.setdefault(stream, RecordBuffer(stream, self.counters))
+        return buf
+
+    # --- refreshing ---------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """One round: fetch the snapshot, ship telemetry. True if the store answered."""
+        try:
+            live, stage_doc, version = self.store.snapshot()
+        except StoreError as exc:
+            self.counters.incr("store_errors")
+            logger.debug("aitp: store refresh failed: %s", exc)
+            return False
+        stage, split = stage_from_doc(stage_doc, self.policy)
+        self._view = View(live, stage, split, True, version, time.monotonic())
+        for listener in self._listeners:
+            try:
+                listener(self._view)
+            except Exception:  # a listener must never stop the refresher
+                logger.exception("aitp: refresh listener failed")
+        self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Ship pending counters and records; keep them for next time if the store fails."""
+        counts = self.counters.drain()
+        try:
+            self.store.add_counts(counts)
+        except StoreError:
+            self.counters.restore(counts)
+            return
+        for stream, buf in list(self.buffers.items()):
+            records = buf.take()
+            if not records:
+                continue
+            try:
+                self.store.append_records(stream, records, self._record_limits.get(stream, 100_000))
+            except StoreError:
+                buf.put_back(records)
+                return
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            self._pid = os.getpid()
+            self._stop = threading.Event()
+            self.refresh()  # one synchronous round so the first publish sees real state
+            self._thread = threading.Thread(target=self._run, name="aitp-live-view", daemon=True)
+            self._thread.start()
+            if not self._atexit:
+                atexit.register(self.flush)  # ship the last counters and records at exit
+                self._atexit = True
+
+    def _run(self) -> None:
+        stop = self._stop
+        while not stop.wait(self.refresh_interval_s):
+            try:
+                self.refresh()
+            except Exception:  # never let the refresher die
+                logger.exception("aitp: refresher round failed")
+
+    def close(self) -> None:
+        """Stop the refresher and ship what is pending (best effort)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        self.flush()
+        self._pid = 0

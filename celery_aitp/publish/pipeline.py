@@ -1,0 +1,59 @@
+"""Run the stages in order and return a Decision.
+
+The default stage list is built from the policy in :func:`default_stages`; a later
+capability swaps one entry (for example the LightGBM predictor for ``predict``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from celery_aitp.policy import Policy
+from celery_aitp.publish.live_view import View
+from celery_aitp.publish.request import Decision, Request
+from celery_aitp.publish.stages import (
+    DeclaredProfileStage,
+    DeclaredTierStage,
+    GateStage,
+    PublishStage,
+    RouteStage,
+    TenantStage,
+)
+
+#: The fixed order of stage names; replacing a stage keeps its slot.
+STAGE_ORDER = ("tenant", "features", "predict", "profile", "priority", "route", "gate")
+
+
+def default_stages(policy: Policy) -> dict[str, PublishStage]:
+    """The simple stages every deployment starts with."""
+    return {
+        "tenant": TenantStage(policy),
+        "profile": DeclaredProfileStage(policy),
+        "priority": DeclaredTierStage(policy),
+        "route": RouteStage(),
+        "gate": GateStage(),
+    }
+
+
+class Pipeline:
+    """An ordered, immutable list of stages."""
+
+    def __init__(self, stages: dict[str, PublishStage]) -> None:
+        unknown = set(stages) - set(STAGE_ORDER)
+        if unknown:
+            raise ValueError(f"unknown pipeline stages: {sorted(unknown)} (known: {STAGE_ORDER})")
+        self.stages: Sequence[PublishStage] = tuple(
+            stages[name] for name in STAGE_ORDER if name in stages
+        )
+
+    def replace(self, name: str, stage: PublishStage) -> Pipeline:
+        """A new pipeline with one stage swapped in (or added in its slot)."""
+        current = {s.name: s for s in self.stages}
+        current[name] = stage
+        return Pipeline(current)
+
+    def decide(self, request: Request, view: View, now: float) -> Decision:
+        decision = Decision(view.stage.value, now)
+        for stage in self.stages:
+            stage(request, decision, view)
+        return decision

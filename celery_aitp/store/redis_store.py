@@ -1,0 +1,219 @@
+"""The shared store on Redis: who serves which queue, the live stage, counters, records.
+
+Every method is a single round trip (a pipeline where several keys are involved) and
+raises :class:`StoreError` on any Redis failure, so callers have one thing to catch.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from celery_aitp.errors import StoreError
+from celery_aitp.store.keys import Keys
+
+HISTORY_LIMIT = 1000
+
+
+def redis_url_for(url: str) -> str:
+    """Translate a Celery/kombu Redis URL into one redis-py understands."""
+    if url.startswith("redis+socket://"):
+        return "unix://" + url[len("redis+socket://") :]
+    if url.startswith("socket://"):
+        return "unix://" + url[len("socket://") :]
+    return url
+
+
+def connect(url: str, timeout_s: float = 0.5) -> redis.Redis:
+    """A client with explicit timeouts, so a dead store can never hang a publisher."""
+    return redis.Redis.from_url(
+        redis_url_for(url),
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        health_check_interval=30,
+        decode_responses=False,
+    )
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except (redis.RedisError, OSError, socket.error) as exc:
+        raise StoreError(f"store unreachable: {type(exc).__name__}: {exc}") from exc
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class RedisStore:
+    """Store operations on one Redis database, keys under ``keys.prefix``."""
+
+    def __init__(self, client: redis.Redis, keys: Keys | None = None) -> None:
+        self.client = client
+        self.keys = keys or Keys()
+
+    # --- liveness ---------------------------------------------------------------
+
+    def advertise(self, worker: str, queues: Iterable[str], info: Mapping[str, Any], ttl_s: float) -> None:
+        """Declare that ``worker`` consumes ``queues`` for the next ``ttl_s`` seconds."""
+        now = time.time()
+        expiry = now + ttl_s
+        members = {f"{q}|{worker}": expiry for q in queues}
+        doc = json.dumps({**info, "worker": worker, "heartbeat": now, "queues": sorted(members)})
+        with _translated():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zremrangebyscore(self.keys.consumers, "-inf", now)
+            if members:
+                pipe.zadd(self.keys.consumers, members)
+            pipe.hset(self.keys.workers, worker, doc)
+            pipe.execute()
+
+    def withdraw(self, worker: str) -> None:
+        """Remove a worker's advertisements at once (clean shutdown)."""
+        with _translated():
+            members = [
+                m for m in self.client.zrange(self.keys.consumers, 0, -1)
+                if _text(m).endswith(f"|{worker}")
+            ]
+            pipe = self.client.pipeline(transaction=False)
+            if members:
+                pipe.zrem(self.keys.consumers, *members)
+            pipe.hdel(self.keys.workers, worker)
+            pipe.execute()
+
+    def live_queues(self) -> frozenset[str]:
+        """Queues with at least one unexpired consumer advertisement."""
+        with _translated():
+            raw = self.client.zrangebyscore(self.keys.consumers, time.time(), "+inf")
+        return _queues_of(raw)
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Every advertised worker's description; stale ones are pruned."""
+        with _translated():
+            raw = self.client.hgetall(self.keys.workers)
+        docs, stale = [], []
+        horizon = time.time() - 3600
+        for name, value in raw.items():
+            doc = _json_or_none(value)
+            if isinstance(doc, dict) and doc.get("heartbeat", 0) >= horizon:
+                docs.append(doc)
+            else:
+                stale.append(name)
+        if stale:
+            with _translated():
+                self.client.hdel(self.keys.workers, *stale)
+        return sorted(docs, key=lambda d: str(d.get("worker")))
+
+    # --- stage ------------------------------------------------------------------
+
+    def read_stage(self) -> dict[str, Any] | None:
+        """The live stage document, or None if none was ever set."""
+        with _translated():
+            raw = self.client.hget(self.keys.stage, "doc")
+        return _json_or_none(raw)
+
+    def write_stage(self, doc: Mapping[str, Any], who: str) -> dict[str, Any] | None:
+        """Replace the stage document and append the change to the audit log."""
+        entry = {"at": time.time(), "who": who, "new": dict(doc)}
+        with _translated():
+            old = self.read_stage()
+            entry["old"] = old
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hset(self.keys.stage, "doc", json.dumps(dict(doc)))
+            pipe.lpush(self.keys.stage_history, json.dumps(entry))
+            pipe.ltrim(self.keys.stage_history, 0, HISTORY_LIMIT - 1)
+            pipe.execute()
+        return old
+
+    def stage_history(self, limit: int = 50) -> list[dict[str, Any]]:
+        with _translated():
+            raw = self.client.lrange(self.keys.stage_history, 0, max(0, limit - 1))
+        return [doc for doc in map(_json_or_none, raw) if doc is not None]
+
+    # --- the snapshot the publish path caches -----------------------------------
+
+    def snapshot(self) -> tuple[frozenset[str], dict[str, Any] | None, str | None]:
+        """Live queues, stage document and model version in one round trip."""
+        with _translated():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrangebyscore(self.keys.consumers, time.time(), "+inf")
+            pipe.hget(self.keys.stage, "doc")
+            pipe.hget(self.keys.model, "version")
+            consumers, stage, version = pipe.execute()
+        return _queues_of(consumers), _json_or_none(stage), _text(version) if version else None
+
+    # --- counters and records ---------------------------------------------------
+
+    def add_counts(self, counts: Mapping[str, int]) -> None:
+        """Add to fleet-wide counters (producers batch these; never one call per task)."""
+        if not counts:
+            return
+        with _translated():
+            pipe = self.client.pipeline(transaction=False)
+            for name, n in counts.items():
+                pipe.hincrby(self.keys.counters, name, int(n))
+            pipe.execute()
+
+    def counts(self) -> dict[str, int]:
+        with _translated():
+            raw = self.client.hgetall(self.keys.counters)
+        return {_text(k): int(v) for k, v in raw.items()}
+
+    def append_records(self, stream: str, records: Iterable[Mapping[str, Any]], maxlen: int) -> int:
+        """Append JSON records to a capped stream; returns how many were written."""
+        n = 0
+        with _translated():
+            pipe = self.client.pipeline(transaction=False)
+            for record in records:
+                pipe.xadd(stream, {"r": json.dumps(record, default=str)}, maxlen=maxlen, approximate=True)
+                n += 1
+            if n:
+                pipe.execute()
+        return n
+
+    def read_records(self, stream: str, count: int | None = None, newest_first: bool = False) -> list[dict[str, Any]]:
+        """Records of a stream, oldest first unless ``newest_first``; bad entries skipped."""
+        with _translated():
+            if newest_first:
+                raw = self.client.xrevrange(stream, count=count)
+            else:
+                raw = self.client.xrange(stream, count=count)
+        out = []
+        for _id, fields in raw:
+            doc = _json_or_none(fields.get(b"r") if isinstance(fields, dict) else None)
+            if isinstance(doc, dict):
+                out.append(doc)
+        return out
+
+    def try_lock(self, key: str, ttl_s: float, owner: str) -> bool:
+        """Take a short expiring lock; True if this caller holds it now."""
+        with _translated():
+            return bool(self.client.set(key, owner, nx=True, px=max(1, int(ttl_s * 1000))))
+
+    def ping(self) -> bool:
+        try:
+            with _translated():
+                return bool(self.client.ping())
+        except StoreError:
+            return False
+
+
+def _queues_of(members: Iterable[Any]) -> frozenset[str]:
+    return frozenset(_text(m).rsplit("|", 1)[0] for m in members)
+
+
+def _json_or_none(raw: Any) -> Any:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, TypeError):
+        return None

@@ -1,0 +1,1 @@
+"""Counters and record buffers: cheap to write on the hot path, flushed in the background."""

@@ -1,0 +1,46 @@
+"""A bounded buffer of records waiting to be written to the store.
+
+Writers never block: when the buffer is full the oldest record is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+from celery_aitp.telemetry.counters import Counters
+
+
+class RecordBuffer:
+    """Bounded FIFO of JSON-safe records for one store stream."""
+
+    def __init__(self, name: str, counters: Counters, capacity: int = 10_000) -> None:
+        self.name = name
+        self._counters = counters
+        self._items: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+
+    def add(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            if len(self._items) == self._items.maxlen:
+                self._counters.incr(f"records_dropped:{self.name}")
+            self._items.append(record)
+
+    def take(self, limit: int = 5000) -> list[dict[str, Any]]:
+        with self._lock:
+            n = min(limit, len(self._items))
+            return [self._items.popleft() for _ in range(n)]
+
+    def put_back(self, records: list[dict[str, Any]]) -> None:
+        """Return records whose write failed; the oldest are dropped (and counted) if full."""
+        with self._lock:
+            room = (self._items.maxlen or 0) - len(self._items)
+            keep = records[len(records) - room :] if room < len(records) else records
+            dropped = len(records) - len(keep)
+            if dropped > 0:
+                self._counters.incr(f"records_dropped:{self.name}", dropped)
+            self._items.extendleft(reversed(keep))
+
+    def __len__(self) -> int:
+        return len(self._items)

@@ -1,0 +1,1 @@
+"""Worker side: flags and bootstep, run observation, orphaned-queue janitor."""

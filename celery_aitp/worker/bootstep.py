@@ -1,0 +1,180 @@
+"""Worker opt-in: ``--aitp-*`` flags and the bootstep that consumes tier queues.
+
+A worker started with ``--aitp-tenant`` consumes ``aitp.<tenant>.<accelerator>.<tier>``
+highest tier first, then (unless ``--aitp-no-default-queue``) its usual queues, and
+advertises what it serves in the shared store with a short expiry. Every worker of an
+app with the middleware installed, flagged or not, also runs the janitor that moves
+messages out of tier queues nobody serves any more.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import click
+from celery import bootsteps
+
+from celery_aitp.errors import PolicyError, StoreError
+from celery_aitp.policy import Policy
+from celery_aitp.queues import tier_queue_name
+
+logger = logging.getLogger(__name__)
+
+WORKER_OPTIONS = (
+    click.Option(["--aitp-tenant"], multiple=True,
+                 help="Serve this tenant's tier queues (repeat, comma-separate, or '*' for all)."),
+    click.Option(["--aitp-accelerator"], default=None,
+                 help="Accelerator class this worker provides (default: the policy's default)."),
+    click.Option(["--aitp-tiers"], default=None,
+                 help="Comma-separated tiers to serve (default: all tiers)."),
+    click.Option(["--aitp-no-default-queue"], is_flag=True, default=False,
+                 help="Consume only tier queues, not the default queue."),
+    click.Option(["--aitp-strict/--aitp-no-strict"], default=True,
+                 help="Acknowledge after the run so no lower-tier task is held in reserve "
+                      "(default); --aitp-no-strict keeps early acks, with up to one reserved "
+                      "task per pool process."),
+)
+
+
+class WorkerPlan:
+    """What one AITP worker serves, validated against the policy."""
+
+    def __init__(self, policy: Policy, tenants: Any, accelerator: str | None,
+                 tiers: str | None, no_default_queue: bool) -> None:
+        self.tenants = _parse_tenants(policy, tenants)
+        self.accelerator = accelerator or policy.default_accelerator
+        if self.accelerator not in policy.accelerators:
+            raise PolicyError(f"--aitp-accelerator: unknown class {self.accelerator!r} "
+                              f"(policy accelerators: {', '.join(policy.accelerators)})")
+        self.tiers = _parse_tiers(policy, tiers)
+        self.no_default_queue = bool(no_default_queue)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tenants)
+
+    def queue_names(self) -> list[str]:
+        """Tier queues, highest tier first, then tenants in the order given."""
+        return [tier_queue_name(t, self.accelerator, tier) for tier in self.tiers for t in self.tenants]
+
+
+def _split(values: Any) -> list[str]:
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    return [v.strip() for value in values for v in str(value).split(",") if v.strip()]
+
+
+def _parse_tenants(policy: Policy, values: Any) -> list[str]:
+    names = _split(values)
+    if "*" in names:
+        return list(policy.tenants)
+    unknown = [n for n in names if n not in policy.tenants]
+    if unknown:
+        raise PolicyError(f"--aitp-tenant: unknown tenant(s) {', '.join(unknown)} "
+                          f"(policy tenants: {', '.join(policy.tenants)})")
+    return list(dict.fromkeys(names))
+
+
+def _parse_tiers(policy: Policy, value: str | None) -> list[str]:
+    names = _split(value)
+    if not names:
+        return list(policy.tier_names)
+    unknown = [n for n in names if n not in policy.tier_names]
+    if unknown:
+        raise PolicyError(f"--aitp-tiers: unknown tier(s) {', '.join(unknown)} "
+                          f"(policy tiers: {', '.join(policy.tier_names)})")
+    return [t for t in policy.tier_names if t in names]  # always highest first
+
+
+class AitpWorkerStep(bootsteps.StartStopStep):
+    """Sets up tier consumption before the consumer starts; advertises and cleans up."""
+
+    label = "aitp"
+
+    def __init__(self, worker: Any, aitp_tenant: Any = None, aitp_accelerator: str | None = None,
+                 aitp_tiers: str | None = None, aitp_no_default_queue: bool = False,
+                 aitp_strict: bool = True, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        app = worker.app
+        self.middleware = app.aitp
+        policy = self.middleware.policy  # raises PolicyError: the worker refuses to start
+        self.plan = WorkerPlan(policy, aitp_tenant, aitp_accelerator, aitp_tiers,
+                               aitp_no_default_queue)
+        self.hostname = worker.hostname
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        if self.plan.enabled:
+            self._consume_tiers(worker, aitp_strict)
+
+    def _consume_tiers(self, worker: Any, strict: bool) -> None:
+        app = worker.app
+        queues = app.amqp.queues
+        names = self.plan.queue_names()
+        for name in names:
+            queues.add(self.middleware.queue(name))
+        others = [] if self.plan.no_default_queue else list(queues.consume_from)
+        queues.select(names + [q for q in others if q not in names])
+        # Tiers in order: read queues in the order given (no rotation), reserve at most
+        # one message per pool process, and in strict mode none beyond the running ones.
+        worker.prefetch_multiplier = 1
+        if str(app.conf.broker_url or "").startswith(("redis", "socket", "unix")):
+            options = dict(app.conf.broker_transport_options or {})
+            options["queue_order_strategy"] = "priority"
+            app.conf.broker_transport_options = options
+        if strict:
+            app.conf.task_acks_late = True
+            for task in app.tasks.values():
+                task.acks_late = True
+        logger.info("aitp: consuming %s", ", ".join(queues.consume_from))
+
+    def start(self, worker: Any) -> None:
+        from celery_aitp.worker.janitor import Janitor
+
+        self._stop.clear()
+        if self.plan.enabled:
+            self._spawn("aitp-advertise", self._advertise_loop)
+        janitor = Janitor(self.middleware)
+        self._spawn("aitp-janitor", lambda: janitor.run(self._stop))
+
+    def stop(self, worker: Any) -> None:
+        self._stop.set()
+        if self.plan.enabled:
+            try:
+                self.middleware.store.withdraw(self.hostname)
+            except StoreError as exc:
+                logger.warning("aitp: could not withdraw advertisement: %s", exc)
+
+    def _spawn(self, name: str, target: Any) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _advertise_loop(self) -> None:
+        settings = self.middleware.settings
+        info = {"tenants": self.plan.tenants, "accelerator": self.plan.accelerator,
+                "tiers": self.plan.tiers, "default_queue": not self.plan.no_default_queue}
+        period = settings.worker_ttl_s / 3
+        while True:
+            try:
+                self.middleware.store.advertise(self.hostname, self.plan.queue_names(), info,
+                                                settings.worker_ttl_s)
+            except StoreError as exc:
+                logger.warning("aitp: advertisement failed: %s", exc)
+            if self._stop.wait(period):
+                return
+
+
+def register_worker_extensions(app: Any) -> None:
+    """Add the flags, the bootstep and the run observer to ``app`` (idempotent)."""
+    from celery_aitp.worker.observe import connect_observer
+
+    options = app.user_options["worker"]
+    if not any(getattr(o, "name", None) == "aitp_tenant" for o in options):
+        for option in WORKER_OPTIONS:
+            options.add(option)
+    app.steps["worker"].add(AitpWorkerStep)
+    connect_observer(app)

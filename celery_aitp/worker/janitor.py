@@ -1,0 +1,83 @@
+"""Move messages out of tier queues that no live worker serves any more.
+
+Runs in every worker of an app with the middleware (and on demand from
+``celery aitp evacuate``). A tier queue whose last advertisement has expired is drained
+into the default queue by the broker adapter's atomic move. Bound: a message waits at
+most ``worker_ttl_s + evacuate_interval_s`` (15 s by default) after its last consumer
+disappeared before it is on the default queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from celery_aitp.errors import AdapterError, StoreError
+from celery_aitp.queues import all_tier_queues
+from celery_aitp.registry import QUEUE_OPS, resolve
+
+logger = logging.getLogger(__name__)
+
+
+def queue_ops_for(app: Any) -> Any:
+    """The QueueOps adapter for the app's broker transport."""
+    with app.connection_for_write() as conn:
+        driver = conn.transport.driver_type
+    return resolve(QUEUE_OPS, driver)(app)
+
+
+class Janitor:
+    """Finds orphaned tier queues and drains them into the default queue."""
+
+    def __init__(self, middleware: Any, ops: Any = None) -> None:
+        self.middleware = middleware
+        self._ops = ops
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+
+    @property
+    def ops(self) -> Any:
+        if self._ops is None:
+            self._ops = queue_ops_for(self.middleware.app)
+        return self._ops
+
+    def known_queues(self) -> list[str]:
+        policy = self.middleware.policy
+        return all_tier_queues(policy.tenants, policy.accelerators, policy.tier_names)
+
+    def evacuate(self, queues: Iterable[str]) -> dict[str, int]:
+        """Drain ``queues`` into the default queue now; returns messages moved per queue."""
+        queues = list(queues)
+        default = self.middleware.default_queue
+        moved: dict[str, int] = {}
+        for queue, depth in self.ops.depths(queues).items():
+            if depth and queue != default:
+                moved[queue] = self.ops.move_all(queue, default)
+        total = sum(moved.values())
+        if total:
+            self.middleware.counters.incr("evacuated", total)
+            logger.warning("aitp: moved %d message(s) from orphaned tier queues to %s: %s",
+                           total, default, moved)
+        return moved
+
+    def sweep(self) -> dict[str, int]:
+        """One pass: drain every known tier queue that has no live consumer."""
+        live = self.middleware.store.live_queues()
+        return self.evacuate(q for q in self.known_queues() if q not in live)
+
+    def run(self, stop: threading.Event) -> None:
+        """Sweep every ``evacuate_interval_s`` until ``stop`` is set; one sweeper at a time."""
+        settings = self.middleware.settings
+        interval = settings.evacuate_interval_s
+        lock_key = self.middleware.store.keys.janitor_lock
+        while not stop.wait(interval):
+            try:
+                if self.middleware.store.try_lock(lock_key, interval * 0.9, self.owner):
+                    self.sweep()
+            except (StoreError, AdapterError) as exc:
+                logger.warning("aitp: janitor pass skipped: %s", exc)
+            except Exception:
+                logger.exception("aitp: janitor pass failed")

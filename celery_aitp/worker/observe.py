@@ -1,0 +1,140 @@
+"""Record what each run really cost, from Celery's task signals, inside the pool child.
+
+A record is built in memory and put in a bounded buffer; the background refresher
+writes it to the store's capped observation stream. A store outage drops records (and
+counts the drops); it never delays or fails a task.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import socket
+import time
+from typing import Any
+
+from celery import signals
+
+logger = logging.getLogger(__name__)
+
+#: Largest JSON rendering of args/kwargs kept in a record; larger values are summarised.
+MAX_ARGS_BYTES = 2048
+_HOST = socket.gethostname()
+
+
+def safe_json(value: Any, limit: int = MAX_ARGS_BYTES) -> Any:
+    """``value`` if it is JSON-safe and small, else a short summary that cannot raise."""
+    try:
+        text = json.dumps(value, default=repr, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        return {"_unserializable": type(value).__name__}
+    if len(text) > limit:
+        return {"_truncated": type(value).__name__, "bytes": len(text)}
+    return value
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def _header(request: Any) -> dict[str, Any]:
+    raw = getattr(request, "aitp", None)
+    if raw is None and isinstance(getattr(request, "headers", None), dict):
+        raw = request.headers.get("aitp")
+    return raw if isinstance(raw, dict) else {}
+
+
+class Observer:
+    """Signal handlers for one app; ignores tasks of other apps."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._started: dict[str, tuple[float, float, float]] = {}
+
+    def prerun(self, task_id: str | None = None, task: Any = None, **_: Any) -> None:
+        if task is None or task.app is not self.app or task_id is None:
+            return
+        try:
+            self.app.aitp.live.current()  # make sure this process ships its records
+        except Exception:
+            logger.debug("aitp: live view unavailable in worker", exc_info=True)
+        self._started[task_id] = (time.time(), time.perf_counter(), _cpu_seconds())
+
+    def postrun(self, task_id: str | None = None, task: Any = None, state: str | None = None,
+                args: Any = None, kwargs: Any = None, **_: Any) -> None:
+        started = self._started.pop(task_id, None) if task_id else None
+        if started is None or task is None:
+            return
+        try:
+            record = self._record(task, task_id or "", state, args, kwargs, started)
+            mw = self.app.aitp
+            mw.live.buffer(mw.store.keys.observations).add(record)
+        except Exception:  # recording must never fail a task
+            self.app.aitp.counters.incr("observations_failed")
+            logger.debug("aitp: could not record run of %s", task_id, exc_info=True)
+
+    def _record(self, task: Any, task_id: str, state: str | None, args: Any, kwargs: Any,
+                started: tuple[float, float, float]) -> dict[str, Any]:
+        start_wall, start_perf, start_cpu = started
+        request = task.request
+        header = _header(request)
+        delivery = getattr(request, "delivery_info", None) or {}
+        decided_at = header.get("decided_at")
+        ready_at = _eta_seconds(getattr(request, "eta", None)) or decided_at
+        return {
+            "task": task.name,
+            "task_id": task_id,
+            "tenant": header.get("tenant"),
+            "tier": header.get("tier"),
+            "accelerator": header.get("accelerator"),
+            "routed": header.get("routed"),
+            "reason": header.get("reason"),
+            "stage": header.get("stage"),
+            "arm": header.get("arm"),
+            "predicted_runtime_s": header.get("predicted_runtime_s"),
+            "predicted_p90_s": header.get("predicted_p90_s"),
+            "would_queue": header.get("queue"),
+            "queue": delivery.get("routing_key"),
+            "worker": getattr(request, "hostname", None) or _HOST,
+            "args": safe_json(list(args) if isinstance(args, (list, tuple)) else args),
+            "kwargs": safe_json(kwargs),
+            "published_at": decided_at,
+            "started_at": start_wall,
+            "wait_s": (start_wall - ready_at) if isinstance(ready_at, (int, float)) else None,
+            "runtime_s": time.perf_counter() - start_perf,
+            "cpu_s": _cpu_seconds() - start_cpu,
+            "peak_rss_mb": _peak_rss_mb(),
+            "outcome": state,
+            "retries": getattr(request, "retries", 0) or 0,
+        }
+
+
+def _eta_seconds(eta: Any) -> float | None:
+    if not eta:
+        return None
+    try:
+        from datetime import datetime
+
+        moment = eta if isinstance(eta, datetime) else datetime.fromisoformat(str(eta))
+        return moment.timestamp()
+    except (ValueError, TypeError):
+        return None
+
+
+def connect_observer(app: Any) -> Observer:
+    """Connect the run observer for ``app`` (once) and flush records at child exit."""
+    observer = getattr(app, "_aitp_observer", None)
+    if observer is None:
+        observer = Observer(app)
+        app._aitp_observer = observer
+        signals.task_prerun.connect(observer.prerun, weak=False)
+        signals.task_postrun.connect(observer.postrun, weak=False)
+        signals.worker_process_shutdown.connect(lambda **_: app.aitp.close(), weak=False)
+        signals.worker_shutdown.connect(lambda **_: app.aitp.close(), weak=False)
+    return observer
