@@ -1,0 +1,78 @@
+"""The Celery app that test worker processes import; configured from environment variables.
+
+AITP_TEST_BROKER   broker (and result backend) URL
+AITP_TEST_PREFIX   store key prefix (one per test)
+AITP_TEST_QUEUE    default queue name (one per test)
+AITP_TEST_POLICY   policy as JSON
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from celery import Celery
+
+import celery_aitp
+
+app = Celery("aitp_test", broker=os.environ.get("AITP_TEST_BROKER", "memory://"),
+             backend=os.environ.get("AITP_TEST_BACKEND") or os.environ.get("AITP_TEST_BROKER"))
+app.conf.update(
+    task_default_queue=os.environ.get("AITP_TEST_QUEUE", "celery"),
+    broker_connection_retry_on_startup=True,
+    result_expires=600,
+    worker_hijack_root_logger=False,
+)
+celery_aitp.install(
+    app,
+    policy=json.loads(os.environ.get("AITP_TEST_POLICY") or "null"),
+    key_prefix=os.environ.get("AITP_TEST_PREFIX", "aitptest"),
+    worker_ttl_s=float(os.environ.get("AITP_TEST_WORKER_TTL", "3")),
+    evacuate_interval_s=float(os.environ.get("AITP_TEST_EVACUATE_INTERVAL", "1")),
+    refresh_interval_s=0.5,
+)
+
+
+@app.task(aitp={"tier": "hi"})
+def hi(x: int, sleep: float = 0.0) -> dict:
+    time.sleep(sleep)
+    return {"x": x, "at": time.time()}
+
+
+@app.task(aitp={"tier": "lo"})
+def lo(x: int, sleep: float = 0.0) -> dict:
+    time.sleep(sleep)
+    return {"x": x, "at": time.time()}
+
+
+@app.task(aitp={"accelerator": "gpu", "tier": "mid"})
+def gpu(x: int, sleep: float = 0.0) -> dict:
+    time.sleep(sleep)
+    return {"x": x, "at": time.time()}
+
+
+@app.task
+def add(x: int, y: int) -> int:
+    return x + y
+
+
+@app.task
+def tsum(values: list) -> int:
+    return sum(values)
+
+
+@app.task(bind=True, max_retries=3)
+def flaky(self, x: int) -> dict:
+    """Fails on its first run, then succeeds: shows where a retry is delivered."""
+    queue = self.request.delivery_info.get("routing_key")
+    if self.request.retries == 0:
+        raise self.retry(countdown=0.1)
+    return {"x": x, "queue": queue, "retries": self.request.retries}
+
+
+@app.task(bind=True)
+def where(self, x: int = 0) -> dict:
+    """Reports the queue it was delivered from and its aitp header."""
+    return {"x": x, "queue": self.request.delivery_info.get("routing_key"),
+            "aitp": getattr(self.request, "aitp", None), "hostname": self.request.hostname}

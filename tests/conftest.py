@@ -1,0 +1,108 @@
+"""Shared fixtures: real Redis for integration tests, an isolated deployment per test."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from tests.support.services import DEFAULT_REDIS, IN_CI, missing, redis_ok
+from tests.support.workers import WorkerProcess
+
+TEST_POLICY: dict[str, Any] = {
+    "tiers": [{"name": "hi", "sla_s": 1}, {"name": "mid", "sla_s": 10}, {"name": "lo", "sla_s": 60}],
+    "tenants": {"acme": {"max_tier": "hi", "weight": 2}, "globex": {"max_tier": "mid"},
+                "default": {"max_tier": "lo"}},
+    "accelerators": ["cpu", "gpu"],
+    "stage": "takeover",
+}
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A real Redis server: the configured or local one; embedded only outside CI."""
+    url = os.environ.get("AITP_TEST_REDIS_URL")
+    if url:
+        if not redis_ok(url):
+            missing("Redis", url)
+        yield url
+        return
+    if redis_ok(DEFAULT_REDIS):
+        yield DEFAULT_REDIS
+        return
+    if IN_CI:
+        missing("Redis", DEFAULT_REDIS)
+    from celery_aitp.demo.embedded import EmbeddedRedis
+
+    with EmbeddedRedis() as server:
+        yield server.url
+
+
+@pytest.fixture
+def deployment(redis_url: str) -> Iterator[dict[str, str]]:
+    """Environment for one isolated deployment: own key prefix and default queue.
+
+    Deletes only what this test created: its prefix, its default queue, tier queues and
+    their kombu bindings, and result keys of its tasks.
+    """
+    tag = uuid.uuid4().hex[:8]
+    env = {
+        "AITP_TEST_BROKER": redis_url,
+        "AITP_TEST_PREFIX": f"aitptest-{tag}",
+        "AITP_TEST_QUEUE": f"aitptest-{tag}",
+        "AITP_TEST_POLICY": json.dumps(TEST_POLICY),
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield env
+    for key, value in old.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _cleanup(redis_url, tag)
+
+
+def _cleanup(url: str, tag: str) -> None:
+    from celery_aitp.store.redis_store import redis_url_for
+
+    client = redis.Redis.from_url(redis_url_for(url))
+    patterns = [f"aitptest-{tag}*", "aitp.*", "_kombu.binding.aitp.*", "unacked*"]
+    for pattern in patterns:
+        keys = list(client.scan_iter(pattern, count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+@pytest.fixture
+def proj(deployment: dict[str, str]) -> Iterator[Any]:
+    """The test app, imported fresh with this test's deployment environment."""
+    import importlib
+    import sys
+
+    sys.modules.pop("tests.apps.proj", None)
+    module = importlib.import_module("tests.apps.proj")
+    yield module
+    module.app.aitp.close()
+    sys.modules.pop("tests.apps.proj", None)
+
+
+@pytest.fixture
+def start_worker(deployment: dict[str, str]) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start worker processes of the test app; all are stopped at the end of the test."""
+    started: list[WorkerProcess] = []
+
+    def start(name: str, *args: str, **kwargs: Any) -> WorkerProcess:
+        worker = WorkerProcess(f"{name}-{uuid.uuid4().hex[:6]}", list(args), deployment, **kwargs)
+        started.append(worker)
+        return worker.start()
+
+    yield start
+    for worker in started:
+        worker.stop()
+        worker.log.unlink(missing_ok=True)
