@@ -131,7 +131,9 @@ class Middleware:
         try:
             decision = self._decide(name, message, options, auto, now)
         except Exception as exc:
-            decision = Decision("unknown", now).fall_back(f"error:{type(exc).__name__}")
+            task_id = str(getattr(message, "headers", {}).get("id", ""))
+            decision = Decision("unknown", now, name, task_id).fall_back(
+                f"error:{type(exc).__name__}")
             logger.warning("aitp: decision failed for %s, using Celery's route: %r", name, exc)
         try:
             self._apply(decision, options, auto)
@@ -165,6 +167,7 @@ class Middleware:
         headers = dict(headers) if isinstance(headers, Mapping) else {}
         headers["aitp"] = decision.header()
         options["headers"] = headers
+        self.live.buffer(self.store.keys.decisions).add(decision.record())
         counters = self.counters
         counters.incr(f"decisions:{decision.stage}:{decision.reason}")
         for note in decision.notes:

@@ -53,7 +53,7 @@ class Pipeline:
         return Pipeline(current)
 
     def decide(self, request: Request, view: View, now: float) -> Decision:
-        decision = Decision(view.stage.value, now)
+        decision = Decision(view.stage.value, now, request.task, request.task_id)
         for stage in self.stages:
             stage(request, decision, view)
         return decision

@@ -48,12 +48,14 @@ class Decision:
     """The route chosen for one task, and why. Becomes the ``aitp`` message header."""
 
     __slots__ = (
-        "tenant", "tier", "accelerator", "features", "predicted_runtime_s",
+        "task", "task_id", "tenant", "tier", "accelerator", "features", "predicted_runtime_s",
         "predicted_p90_s", "prediction_source", "profile", "score", "factors",
         "queue", "routed", "reason", "stage", "arm", "decided_at", "notes",
     )
 
-    def __init__(self, stage: str, decided_at: float) -> None:
+    def __init__(self, stage: str, decided_at: float, task: str = "", task_id: str = "") -> None:
+        self.task = task
+        self.task_id = task_id
         self.tenant: str = ""
         self.tier: str = ""
         self.accelerator: str = ""
@@ -95,3 +97,10 @@ class Decision:
             "score": self.score,
             "decided_at": self.decided_at,
         }
+
+    def record(self) -> dict[str, Any]:
+        """The decision as stored for comparison and ``explain`` (header plus details)."""
+        record = self.header()
+        record.update(task=self.task, task_id=self.task_id, factors=self.factors,
+                      profile=self.profile, prediction_source=self.prediction_source)
+        return record
