@@ -147,7 +147,10 @@ class Middleware:
         headers = options.get("headers") or {}
         msg_headers = message.headers if isinstance(message.headers, dict) else {}
         body = message.body
-        args, kwargs = (body[0], body[1]) if isinstance(body, tuple) and len(body) >= 2 else ((), {})
+        if isinstance(body, tuple) and len(body) >= 2:
+            args, kwargs = body[0], body[1]
+        else:
+            args, kwargs = (), {}
         explicit = None if auto else _queue_name(options.get("queue"))
         request = Request(
             name, str(msg_headers.get("id", "")), args, kwargs,

@@ -145,7 +145,9 @@ class Policy(_Model):
         if self.default_tenant not in self.tenants:
             problems.append(f"default_tenant: {self.default_tenant!r} is not in tenants")
         if self.default_accelerator not in self.accelerators:
-            problems.append(f"default_accelerator: {self.default_accelerator!r} not in accelerators")
+            problems.append(
+                f"default_accelerator: {self.default_accelerator!r} not in accelerators"
+            )
         if self.default_tier is not None and self.default_tier not in names:
             problems.append(f"default_tier: unknown tier {self.default_tier!r}")
         problems += [
@@ -210,7 +212,8 @@ def read_policy_file(path: str | Path) -> Policy:
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        raise PolicyError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}")
+        kind = "JSON" if path.suffix == ".json" else "YAML"
+        raise PolicyError(f"{path}: not valid {kind}: {exc}") from None
     return parse_policy(data if data is not None else {})
 
 

@@ -15,7 +15,9 @@ from tests.support.services import DEFAULT_REDIS, IN_CI, missing, redis_ok
 from tests.support.workers import WorkerProcess
 
 TEST_POLICY: dict[str, Any] = {
-    "tiers": [{"name": "hi", "sla_s": 1}, {"name": "mid", "sla_s": 10}, {"name": "lo", "sla_s": 60}],
+    "tiers": [
+        {"name": "hi", "sla_s": 1}, {"name": "mid", "sla_s": 10}, {"name": "lo", "sla_s": 60},
+    ],
     "tenants": {"acme": {"max_tier": "hi", "weight": 2}, "globex": {"max_tier": "mid"},
                 "default": {"max_tier": "lo"}},
     "accelerators": ["cpu", "gpu"],

@@ -27,12 +27,12 @@ class AitpRouter(Router):
 
     def route(self, options: dict[str, Any], name: str, args: Any = (),
               kwargs: Any = None, task_type: Any = None) -> dict[str, Any]:
-        kwargs = {} if not kwargs else kwargs
+        kwargs = kwargs if kwargs else {}
         options = self.expand_destination(options)
         if self.routes:
             route = self.lookup_route(name, args, kwargs, options, task_type)
             if route:
-                return lpmerge(self.expand_destination(route), options)  # type: ignore[no-any-return]
+                return lpmerge(self.expand_destination(route), options)
         if "queue" in options or options.get("exchange") or options.get("routing_key"):
             return options
         options = lpmerge(self.expand_destination(self.app.conf.task_default_queue), options)

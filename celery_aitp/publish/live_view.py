@@ -86,16 +86,17 @@ class LiveView:
         self._listeners: list[Listener] = []
         self._view = View(frozenset(), policy.stage, policy.split, fresh=False)
         self._lock = threading.Lock()
-        self._pid = 0
+        self._running = False  # reset in a forked child, which has no refresher thread
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._atexit = False
+        os.register_at_fork(after_in_child=self._forget_thread)
 
     # --- reading ------------------------------------------------------------------
 
     def current(self) -> View:
         """The latest snapshot; starts the refresher on first use in each process."""
-        if self._pid != os.getpid():
+        if not self._running:
             self._start()
         view = self._view
         if view.fresh and time.monotonic() - view.fetched_at > self.max_staleness_s:
@@ -152,11 +153,15 @@ class LiveView:
                 buf.put_back(records)
                 return
 
+    def _forget_thread(self) -> None:
+        self._running = False
+        self._lock = threading.Lock()
+
     def _start(self) -> None:
         with self._lock:
-            if self._pid == os.getpid():
+            if self._running:
                 return
-            self._pid = os.getpid()
+            self._running = True
             self._stop = threading.Event()
             self.refresh()  # one synchronous round so the first publish sees real state
             self._thread = threading.Thread(target=self._run, name="aitp-live-view", daemon=True)
@@ -179,4 +184,4 @@ class LiveView:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
         self.flush()
-        self._pid = 0
+        self._running = False

@@ -7,7 +7,6 @@ raises :class:`StoreError` on any Redis failure, so callers have one thing to ca
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -45,7 +44,7 @@ def connect(url: str, timeout_s: float = 0.5) -> redis.Redis:
 def _translated() -> Iterator[None]:
     try:
         yield
-    except (redis.RedisError, OSError, socket.error) as exc:
+    except (redis.RedisError, OSError) as exc:
         raise StoreError(f"store unreachable: {type(exc).__name__}: {exc}") from exc
 
 
@@ -62,12 +61,15 @@ class RedisStore:
 
     # --- liveness ---------------------------------------------------------------
 
-    def advertise(self, worker: str, queues: Iterable[str], info: Mapping[str, Any], ttl_s: float) -> None:
+    def advertise(
+        self, worker: str, queues: Iterable[str], info: Mapping[str, Any], ttl_s: float
+    ) -> None:
         """Declare that ``worker`` consumes ``queues`` for the next ``ttl_s`` seconds."""
         now = time.time()
         expiry = now + ttl_s
-        members = {f"{q}|{worker}": expiry for q in queues}
-        doc = json.dumps({**info, "worker": worker, "heartbeat": now, "queues": sorted(members)})
+        members: dict[str | bytes, float] = {f"{q}|{worker}": expiry for q in queues}
+        queue_names = sorted(str(m).rsplit("|", 1)[0] for m in members)
+        doc = json.dumps({**info, "worker": worker, "heartbeat": now, "queues": queue_names})
         with _translated():
             pipe = self.client.pipeline(transaction=False)
             pipe.zremrangebyscore(self.keys.consumers, "-inf", now)
@@ -167,19 +169,24 @@ class RedisStore:
             raw = self.client.hgetall(self.keys.counters)
         return {_text(k): int(v) for k, v in raw.items()}
 
-    def append_records(self, stream: str, records: Iterable[Mapping[str, Any]], maxlen: int) -> int:
+    def append_records(
+        self, stream: str, records: Iterable[Mapping[str, Any]], maxlen: int
+    ) -> int:
         """Append JSON records to a capped stream; returns how many were written."""
         n = 0
         with _translated():
             pipe = self.client.pipeline(transaction=False)
             for record in records:
-                pipe.xadd(stream, {"r": json.dumps(record, default=str)}, maxlen=maxlen, approximate=True)
+                fields = {"r": json.dumps(record, default=str)}
+                pipe.xadd(stream, fields, maxlen=maxlen, approximate=True)
                 n += 1
             if n:
                 pipe.execute()
         return n
 
-    def read_records(self, stream: str, count: int | None = None, newest_first: bool = False) -> list[dict[str, Any]]:
+    def read_records(
+        self, stream: str, count: int | None = None, newest_first: bool = False
+    ) -> list[dict[str, Any]]:
         """Records of a stream, oldest first unless ``newest_first``; bad entries skipped."""
         with _translated():
             if newest_first:

@@ -57,7 +57,8 @@ class WorkerPlan:
 
     def queue_names(self) -> list[str]:
         """Tier queues, highest tier first, then tenants in the order given."""
-        return [tier_queue_name(t, self.accelerator, tier) for tier in self.tiers for t in self.tenants]
+        accel = self.accelerator
+        return [tier_queue_name(t, accel, tier) for tier in self.tiers for t in self.tenants]
 
 
 def _split(values: Any) -> list[str]:

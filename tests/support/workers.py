@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -39,7 +40,8 @@ class WorkerProcess:
                 raise RuntimeError(f"worker {self.name} exited:\n{self.output()[-3000:]}")
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"worker {self.name} not ready in {timeout_s}s:\n{self.output()[-3000:]}")
+        tail = self.output()[-3000:]
+        raise RuntimeError(f"worker {self.name} not ready in {timeout_s}s:\n{tail}")
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -64,10 +66,8 @@ class WorkerProcess:
             self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
-        try:  # reap pool children left in the group, if any
+        with contextlib.suppress(ProcessLookupError):  # reap pool children left in the group
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     def __enter__(self) -> WorkerProcess:
         return self.start()
