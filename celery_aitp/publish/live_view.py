@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +65,17 @@ def stage_from_doc(doc: dict[str, Any] | None, policy: Policy) -> tuple[Stage, S
 Listener = Callable[[View], None]
 
 
+def _forget_in_child(ref: weakref.ReferenceType[LiveView]) -> Callable[[], None]:
+    """An at-fork hook that does not keep the LiveView alive."""
+
+    def forget() -> None:
+        view = ref()
+        if view is not None:
+            view._forget_thread()
+
+    return forget
+
+
 class LiveView:
     """Keeps a fresh-enough View and flushes telemetry, without blocking publishers."""
 
@@ -90,7 +102,7 @@ class LiveView:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._atexit = False
-        os.register_at_fork(after_in_child=self._forget_thread)
+        os.register_at_fork(after_in_child=_forget_in_child(weakref.ref(self)))
 
     # --- reading ------------------------------------------------------------------
 

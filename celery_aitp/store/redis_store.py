@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from celery_aitp.errors import StoreError
 from celery_aitp.store.keys import Keys
@@ -37,6 +39,7 @@ def connect(url: str, timeout_s: float = 0.5) -> redis.Redis:
         socket_connect_timeout=timeout_s,
         health_check_interval=30,
         decode_responses=False,
+        retry=Retry(NoBackoff(), 0),  # fail fast; the caller falls back and tries next round
     )
 
 

@@ -34,35 +34,35 @@ celery_aitp.install(
 )
 
 
-@app.task(aitp={"tier": "hi"})
+@app.task(shared=False, aitp={"tier": "hi"})
 def hi(x: int, sleep: float = 0.0) -> dict:
     time.sleep(sleep)
     return {"x": x, "at": time.time()}
 
 
-@app.task(aitp={"tier": "lo"})
+@app.task(shared=False, aitp={"tier": "lo"})
 def lo(x: int, sleep: float = 0.0) -> dict:
     time.sleep(sleep)
     return {"x": x, "at": time.time()}
 
 
-@app.task(aitp={"accelerator": "gpu", "tier": "mid"})
+@app.task(shared=False, aitp={"accelerator": "gpu", "tier": "mid"})
 def gpu(x: int, sleep: float = 0.0) -> dict:
     time.sleep(sleep)
     return {"x": x, "at": time.time()}
 
 
-@app.task
+@app.task(shared=False)
 def add(x: int, y: int) -> int:
     return x + y
 
 
-@app.task
+@app.task(shared=False)
 def tsum(values: list) -> int:
     return sum(values)
 
 
-@app.task(bind=True, max_retries=3)
+@app.task(shared=False, bind=True, max_retries=3)
 def flaky(self, x: int) -> dict:
     """Fails on its first run, then succeeds: shows where a retry is delivered."""
     queue = self.request.delivery_info.get("routing_key")
@@ -71,7 +71,7 @@ def flaky(self, x: int) -> dict:
     return {"x": x, "queue": queue, "retries": self.request.retries}
 
 
-@app.task(bind=True)
+@app.task(shared=False, bind=True)
 def where(self, x: int = 0) -> dict:
     """Reports the queue it was delivered from and its aitp header."""
     return {"x": x, "queue": self.request.delivery_info.get("routing_key"),

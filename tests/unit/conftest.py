@@ -1,0 +1,63 @@
+"""Unit-test fixtures: an app on the in-memory broker with the store on fakeredis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+from celery import Celery
+from celery.signals import after_task_publish
+
+import celery_aitp
+from celery_aitp.store import Keys, RedisStore
+from tests.conftest import TEST_POLICY
+
+
+@pytest.fixture
+def store() -> RedisStore:
+    return RedisStore(fakeredis.FakeRedis(), Keys("unit"))
+
+
+@pytest.fixture
+def app(store: RedisStore) -> Iterator[Celery]:
+    app = Celery("unit", broker="memory://", backend="cache+memory://")
+    app.conf.task_default_queue = "default-q"
+    mw = celery_aitp.install(app, policy=TEST_POLICY)
+    mw.store = store
+
+    @app.task(shared=False, aitp={"tier": "hi"})
+    def urgent(x: Any = None) -> Any:
+        return x
+
+    @app.task(shared=False)
+    def plain(x: Any = None) -> Any:
+        return x
+
+    @app.task(shared=False, aitp={"accelerator": "gpu", "tier": "mid"})
+    def gpu(x: Any = None) -> Any:
+        return x
+
+    yield app
+    mw.close()
+
+
+@pytest.fixture
+def published() -> Iterator[list[dict[str, Any]]]:
+    """Every message published during the test: routing key and headers."""
+    seen: list[dict[str, Any]] = []
+
+    def capture(sender: Any = None, headers: Any = None, routing_key: Any = None,
+                **_: Any) -> None:
+        seen.append({"task": sender, "routing_key": routing_key, "headers": headers})
+
+    after_task_publish.connect(capture, weak=False)
+    yield seen
+    after_task_publish.disconnect(capture)
+
+
+def make_live(store: RedisStore, *queues: str, stage: str = "takeover") -> None:
+    """Advertise ``queues`` as served and set the stage."""
+    store.advertise("w1@test", queues, {}, ttl_s=60)
+    store.write_stage({"stage": stage, "split": {}}, who="test")
