@@ -1,0 +1,95 @@
+"""The store's liveness and stage records, and the cached view the publish path reads."""
+
+from __future__ import annotations
+
+import time
+
+from celery_aitp.policy import Policy, Stage
+from celery_aitp.publish.live_view import LiveView, stage_from_doc
+from celery_aitp.store import Keys, RedisStore, connect
+from celery_aitp.telemetry.counters import Counters
+
+
+def test_advertised_queues_are_live_until_they_expire(store):
+    store.advertise("w1", ["aitp.a.cpu.hi", "aitp.a.cpu.lo"], {"tenants": ["a"]}, ttl_s=60)
+    store.advertise("w2", ["aitp.b.cpu.hi"], {}, ttl_s=-1)  # already expired
+    assert store.live_queues() == {"aitp.a.cpu.hi", "aitp.a.cpu.lo"}
+    workers = store.workers()
+    assert [w["worker"] for w in workers] == ["w1", "w2"]
+    assert workers[0]["queues"] == ["aitp.a.cpu.hi", "aitp.a.cpu.lo"]
+
+
+def test_withdraw_removes_a_worker_at_once(store):
+    store.advertise("w1", ["q1"], {}, ttl_s=60)
+    store.advertise("w2", ["q1", "q2"], {}, ttl_s=60)
+    store.withdraw("w2")
+    assert store.live_queues() == {"q1"}
+    assert [w["worker"] for w in store.workers()] == ["w1"]
+
+
+def test_expired_advertisements_are_pruned_so_nothing_grows(store):
+    for i in range(50):
+        store.advertise(f"w{i}", [f"q{i}"], {}, ttl_s=-1)
+    store.advertise("last", ["q"], {}, ttl_s=60)
+    assert store.client.zcard(store.keys.consumers) == 1
+
+
+def test_stage_changes_are_audited(store):
+    assert store.read_stage() is None
+    store.write_stage({"stage": "split", "split": {"percent": 10}}, who="alice@host")
+    store.write_stage({"stage": "takeover", "split": {}}, who="bob@host")
+    history = store.stage_history()
+    assert [h["who"] for h in history] == ["bob@host", "alice@host"]
+    assert history[0]["old"]["stage"] == "split" and history[0]["new"]["stage"] == "takeover"
+
+
+def test_malformed_stage_document_falls_back_to_policy():
+    policy = Policy(stage=Stage.SPLIT)
+    assert stage_from_doc({"stage": "warp-speed"}, policy)[0] is Stage.SPLIT
+    assert stage_from_doc({"stage": "takeover", "split": {"percent": 500}}, policy)[0] \
+        is Stage.SPLIT
+    assert stage_from_doc(None, policy)[0] is Stage.SPLIT
+
+
+def test_counters_are_shipped_and_survive_a_store_outage(store):
+    counters = Counters()
+    view = LiveView(store, Policy(), counters)
+    counters.incr("x", 3)
+    view.flush()
+    assert store.counts() == {"x": 3}
+    dead = LiveView(RedisStore(connect("redis://127.0.0.1:1/0", 0.1), Keys("d")), Policy(),
+                    counters)
+    counters.incr("x", 2)
+    dead.flush()
+    view.flush()
+    assert store.counts() == {"x": 5}
+
+
+def test_records_are_kept_for_the_next_round_when_the_store_fails(store):
+    counters = Counters()
+    dead = LiveView(RedisStore(connect("redis://127.0.0.1:1/0", 0.1), Keys("d")), Policy(),
+                    counters)
+    dead.buffer("s").add({"n": 1})
+    counters.incr("y")
+    dead.flush()
+    assert len(dead.buffer("s")) == 1
+
+
+def test_view_goes_stale_when_refreshes_stop(store):
+    view = LiveView(store, Policy(), Counters(), refresh_interval_s=60, max_staleness_s=0.05)
+    store.advertise("w", ["q"], {}, ttl_s=60)
+    assert view.current().fresh and "q" in view.current().live_queues
+    time.sleep(0.1)
+    assert not view.current().fresh
+    view.close()
+
+
+def test_buffer_drops_oldest_and_counts_when_full():
+    from celery_aitp.telemetry.buffer import RecordBuffer
+
+    counters = Counters()
+    buf = RecordBuffer("s", counters, capacity=3)
+    for i in range(5):
+        buf.add({"i": i})
+    assert [r["i"] for r in buf.take()] == [2, 3, 4]
+    assert counters.totals["records_dropped:s"] == 2
