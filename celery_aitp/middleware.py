@@ -80,21 +80,32 @@ class Middleware:
     @cached_property
     def live(self) -> LiveView:
         s = self.settings
-        return LiveView(
+        live = LiveView(
             self.store, s.policy, self.counters, s.refresh_interval_s, s.max_staleness_s,
             record_limits={
                 self.store.keys.observations: s.observation_maxlen,
                 self.store.keys.decisions: s.decision_maxlen,
             },
         )
+        for source in self.pipeline.sources():
+            live.add_source(source)
+        return live
 
     @cached_property
     def pipeline(self) -> Pipeline:
         return Pipeline(default_stages(self.policy))
 
     def use_stage(self, name: str, stage: Any) -> None:
-        """Swap one pipeline stage (how later capabilities plug in)."""
+        """Swap one pipeline stage (how later capabilities plug in).
+
+        Sources the new stage declares are registered with the live view if it exists
+        already; otherwise the view picks them up when it is built.
+        """
         self.pipeline = self.pipeline.replace(name, stage)
+        if "live" in self.__dict__:
+            for source in getattr(stage, "sources", ()):
+                if not self.live.has_source(source.name):
+                    self.live.add_source(source)
 
     @property
     def default_queue(self) -> str:

@@ -15,8 +15,9 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Protocol
 
 from celery_aitp.errors import StoreError
 from celery_aitp.policy import Policy, SplitSettings, Stage
@@ -27,10 +28,28 @@ from celery_aitp.telemetry.counters import Counters
 logger = logging.getLogger(__name__)
 
 
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+class Source(Protocol):
+    """Shared state a stage needs on the publish path, fetched in the background.
+
+    ``fetch`` runs in the refresher thread, never on the publish path; it gets the
+    value it returned last time (or ``initial``) so it can skip work when nothing
+    changed (e.g. compare a version). Its result is published in ``View.sources``.
+    """
+
+    name: str
+    initial: Any
+
+    def fetch(self, store: RedisStore, previous: Any) -> Any: ...
+
+
 class View:
     """One immutable snapshot, as read by the pipeline stages."""
 
-    __slots__ = ("live_queues", "stage", "split", "fresh", "model_version", "fetched_at")
+    __slots__ = ("live_queues", "stage", "split", "fresh", "model_version", "fetched_at",
+                 "sources")
 
     def __init__(
         self,
@@ -40,6 +59,7 @@ class View:
         fresh: bool,
         model_version: str | None = None,
         fetched_at: float = 0.0,
+        sources: Mapping[str, Any] = _EMPTY,
     ) -> None:
         self.live_queues = live_queues
         self.stage = stage
@@ -47,6 +67,12 @@ class View:
         self.fresh = fresh
         self.model_version = model_version
         self.fetched_at = fetched_at
+        self.sources = sources
+
+    def stale(self) -> View:
+        """The same snapshot, marked as too old to route on."""
+        return View(self.live_queues, self.stage, self.split, False, self.model_version,
+                    self.fetched_at, self.sources)
 
 
 def stage_from_doc(doc: dict[str, Any] | None, policy: Policy) -> tuple[Stage, SplitSettings]:
@@ -96,6 +122,7 @@ class LiveView:
         self.buffers: dict[str, RecordBuffer] = {}
         self._record_limits = record_limits or {}
         self._listeners: list[Listener] = []
+        self._sources: list[Source] = []
         self._view = View(frozenset(), policy.stage, policy.split, fresh=False)
         self._lock = threading.Lock()
         self._running = False  # reset in a forked child, which has no refresher thread
@@ -112,9 +139,22 @@ class LiveView:
             self._start()
         view = self._view
         if view.fresh and time.monotonic() - view.fetched_at > self.max_staleness_s:
-            view = View(view.live_queues, view.stage, view.split, False, view.model_version,
-                        view.fetched_at)
+            view = view.stale()
         return view
+
+    def has_source(self, name: str) -> bool:
+        return any(s.name == name for s in self._sources)
+
+    def add_source(self, source: Source) -> None:
+        """Fetch ``source`` in every refresh round; its value appears in ``View.sources``."""
+        if self.has_source(source.name):
+            raise ValueError(f"aitp: a source named {source.name!r} is already registered")
+        self._sources.append(source)
+        values = dict(self._view.sources)
+        values[source.name] = source.initial
+        view = self._view
+        self._view = View(view.live_queues, view.stage, view.split, view.fresh,
+                          view.model_version, view.fetched_at, MappingProxyType(values))
 
     def on_refresh(self, listener: Listener) -> None:
         """Call ``listener(view)`` after every successful refresh (e.g. model reload)."""
@@ -138,7 +178,8 @@ class LiveView:
             logger.debug("aitp: store refresh failed: %s", exc)
             return False
         stage, split = stage_from_doc(stage_doc, self.policy)
-        self._view = View(live, stage, split, True, version, time.monotonic())
+        sources = self._fetch_sources()
+        self._view = View(live, stage, split, True, version, time.monotonic(), sources)
         for listener in self._listeners:
             try:
                 listener(self._view)
@@ -146,6 +187,23 @@ class LiveView:
                 logger.exception("aitp: refresh listener failed")
         self.flush()
         return True
+
+    def _fetch_sources(self) -> Mapping[str, Any]:
+        """Fetch every source; one that fails keeps its previous value (and is counted)."""
+        if not self._sources:
+            return _EMPTY
+        previous = self._view.sources
+        values: dict[str, Any] = {}
+        for source in self._sources:
+            old = previous.get(source.name, source.initial)
+            try:
+                values[source.name] = source.fetch(self.store, old)
+            except Exception as exc:  # a broken source must not stop the refresher
+                self.counters.incr(f"source_errors:{source.name}")
+                logger.warning("aitp: source %s failed, keeping its last value: %r",
+                               source.name, exc)
+                values[source.name] = old
+        return MappingProxyType(values)
 
     def flush(self) -> None:
         """Ship pending counters and records; keep them for next time if the store fails."""

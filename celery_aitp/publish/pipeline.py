@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from celery_aitp.policy import Policy
-from celery_aitp.publish.live_view import View
+from celery_aitp.publish.live_view import Source, View
 from celery_aitp.publish.request import Decision, Request
 from celery_aitp.publish.stages import (
     DeclaredProfileStage,
@@ -45,6 +45,10 @@ class Pipeline:
         self.stages: Sequence[PublishStage] = tuple(
             stages[name] for name in STAGE_ORDER if name in stages
         )
+
+    def sources(self) -> list[Source]:
+        """Background-fetched state the stages declared (``stage.sources``), in order."""
+        return [src for stage in self.stages for src in getattr(stage, "sources", ())]
 
     def replace(self, name: str, stage: PublishStage) -> Pipeline:
         """A new pipeline with one stage swapped in (or added in its slot)."""

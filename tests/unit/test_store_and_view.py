@@ -93,3 +93,44 @@ def test_buffer_drops_oldest_and_counts_when_full():
         buf.add({"i": i})
     assert [r["i"] for r in buf.take()] == [2, 3, 4]
     assert counters.totals["records_dropped:s"] == 2
+
+
+class _CountingSource:
+    """A source that counts its fetches and can be told to fail."""
+
+    name = "counting"
+    initial = 0
+
+    def __init__(self) -> None:
+        self.fail = False
+
+    def fetch(self, store, previous):
+        if self.fail:
+            raise RuntimeError("boom")
+        return previous + 1
+
+
+def test_sources_are_fetched_each_round_and_keep_their_value_when_they_fail(store):
+    counters = Counters()
+    view = LiveView(store, Policy(), counters, refresh_interval_s=60)
+    source = _CountingSource()
+    view.add_source(source)
+    assert view._view.sources["counting"] == 0
+    view.refresh()
+    view.refresh()
+    assert view._view.sources["counting"] == 2
+    source.fail = True
+    view.refresh()
+    assert view._view.sources["counting"] == 2
+    assert counters.totals["source_errors:counting"] == 1
+
+
+def test_a_source_name_is_registered_once(store):
+    view = LiveView(store, Policy(), Counters())
+    view.add_source(_CountingSource())
+    try:
+        view.add_source(_CountingSource())
+    except ValueError as exc:
+        assert "counting" in str(exc)
+    else:
+        raise AssertionError("a second source of the same name was accepted")
