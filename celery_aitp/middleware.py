@@ -183,7 +183,10 @@ class Middleware:
         options["headers"] = headers
         self.live.buffer(self.store.keys.decisions).add(decision.record())
         counters = self.counters
-        counters.incr(f"decisions:{decision.stage}:{decision.reason}")
+        # decisions:<stage>:<tenant>:<tier>:<accelerator>:<reason> (bounded by the policy;
+        # the reason goes last because 'error:<Type>' contains the separator)
+        counters.incr(f"decisions:{decision.stage}:{decision.tenant}:{decision.tier}:"
+                      f"{decision.accelerator}:{decision.reason}")
         for note in decision.notes:
             counters.incr(note)
         if decision.routed:

@@ -41,7 +41,7 @@ def test_falls_back_when_no_live_worker(app, store, published):
     app.tasks["tests.unit.conftest.urgent"].apply_async((1,), headers={"aitp_tenant": "acme"})
     assert published[-1]["routing_key"] == "default-q"
     assert header(published[-1])["reason"] == "no_live_worker"
-    assert app.aitp.counters.totals["decisions:takeover:no_live_worker"] == 1
+    assert app.aitp.counters.totals["decisions:takeover:acme:hi:cpu:no_live_worker"] == 1
 
 
 def test_explicit_queue_is_respected_and_annotated(app, store, published):
