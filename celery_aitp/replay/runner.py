@@ -1,0 +1,191 @@
+"""One replay: the trace under each policy, under plain FIFO and under the oracle.
+
+Every run sees the same arrivals and runtimes. Tasks are grouped by the tier the first
+policy gives them, in every run, so a tier's row compares the same tasks across runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_aitp.policy import Policy
+from celery_aitp.publish.pipeline import Pipeline
+from celery_aitp.replay.engine import Engine, Outcome, SimWorker
+from celery_aitp.replay.feed import SourceFeed, StoreFactory
+from celery_aitp.replay.metrics import RunStats, Target, run_stats, targets
+from celery_aitp.replay.routers import (
+    Declarations,
+    FifoRouter,
+    OraclePredictStage,
+    PipelineRouter,
+    fifo_workers,
+    policy_workers,
+    recorded_declarations,
+)
+from celery_aitp.replay.trace import Trace
+
+#: Slot time each run costs beyond its measured runtime (ack, result, next BRPOP).
+DEFAULT_OVERHEAD_S = 0.002
+
+
+@dataclass(frozen=True)
+class PolicyUnderTest:
+    """A named policy and the pipeline that decides for it."""
+
+    name: str
+    policy: Policy
+    pipeline: Pipeline
+
+
+@dataclass
+class SimRun:
+    name: str
+    kind: str  # 'policy', 'fifo' or 'oracle'
+    outcome: Outcome
+    stats: RunStats
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ReplayResult:
+    trace: Trace
+    slots: dict[str, int]
+    runs: list[SimRun]
+    targets: list[Target]
+    tier_order: tuple[str, ...]
+    sla: dict[str, float]
+
+    def run(self, name: str) -> SimRun:
+        return next(r for r in self.runs if r.name == name)
+
+
+@dataclass
+class ReplayConfig:
+    slots: Mapping[str, int]
+    default_queue: str = "celery"
+    overhead_s: float = DEFAULT_OVERHEAD_S
+    strategy: str = "priority"
+    declarations: Declarations = recorded_declarations
+    store_factory: StoreFactory | None = None
+    refresh_interval_s: float = 1.0
+
+
+def _observation(router: PipelineRouter, i: int, started: float, finished: float,
+                 runtime: float) -> dict[str, Any]:
+    record = router.records[i]
+    return {
+        "task": record["task"], "task_id": record["task_id"], "tenant": record["tenant"],
+        "tier": router.tiers[i], "accelerator": router.accelerators[i],
+        "args": record["args"], "kwargs": record["kwargs"],
+        "published_at": record["published_at"], "started_at": started,
+        "wait_s": started - record["published_at"], "runtime_s": runtime,
+        "outcome": record.get("outcome") or "SUCCESS", "retries": record.get("retries") or 0,
+    }
+
+
+class Replay:
+    """Runs the simulations of one trace and gathers their figures."""
+
+    def __init__(self, trace: Trace, config: ReplayConfig) -> None:
+        if not len(trace):
+            raise ValueError("the trace has no replayable records")
+        self.trace = trace
+        self.config = config
+
+    def _simulate(self, workers: Sequence[SimWorker], router: Any,
+                  feed: SourceFeed | None = None) -> Outcome:
+        engine = Engine(workers, self.config.overhead_s)
+        hook = None
+        if feed is not None and feed.active:
+            runtime = self.trace.runtime
+
+            def hook(i: int, started: float, finished: float) -> None:
+                feed.observe(_observation(router, i, started, finished, runtime[i]))
+
+        return engine.run(self.trace.published, self.trace.runtime, router, hook)
+
+    def policy_run(self, test: PolicyUnderTest, oracle: bool = False
+                   ) -> tuple[Outcome, PipelineRouter]:
+        cfg = self.config
+        pipeline = test.pipeline.replace("predict", OraclePredictStage()) if oracle \
+            else test.pipeline
+        workers = policy_workers(test.policy, cfg.slots, cfg.default_queue, cfg.strategy)
+        feed = SourceFeed(pipeline.sources(), cfg.store_factory, cfg.refresh_interval_s)
+        router = PipelineRouter(self.trace, pipeline, test.policy, workers, cfg.default_queue,
+                                cfg.declarations, oracle=oracle, feed=feed)
+        return self._simulate(workers, router, feed), router
+
+    def run(self, tests: Sequence[PolicyUnderTest]) -> ReplayResult:
+        if not tests:
+            raise ValueError("at least one policy is needed")
+        primary = tests[0].policy
+        order = primary.tier_names
+        sla = {t.name: t.sla_s for t in primary.tiers}
+        raw: list[tuple[str, str, Outcome, dict[str, int]]] = []
+        labels: list[str] = []
+        accelerators: list[str] = []
+        for k, test in enumerate(tests):
+            outcome, router = self.policy_run(test)
+            if k == 0:
+                labels, accelerators = router.tiers, router.accelerators
+            raw.append((test.name, "policy", outcome, router.reasons))
+        fifo = self._simulate(fifo_workers(self.config.slots),
+                              FifoRouter(accelerators, labels))
+        raw.append(("fifo", "fifo", fifo, {}))
+        oracle, router = self.policy_run(tests[0], oracle=True)
+        raw.append(("oracle", "oracle", oracle, router.reasons))
+        runs = [SimRun(name, kind, out, self._stats(name, out, labels, sla, order), reasons)
+                for name, kind, out, reasons in raw]
+        by_kind = {r.kind: r for r in reversed(runs)}
+        found = targets(by_kind["fifo"].stats, runs[0].stats, by_kind["oracle"].stats, order)
+        return ReplayResult(self.trace, dict(self.config.slots), runs, found, order, sla)
+
+    def _stats(self, name: str, out: Outcome, labels: Sequence[str], sla: Mapping[str, float],
+               order: Sequence[str]) -> RunStats:
+        published, runtime = self.trace.published, self.trace.runtime
+        done = [i for i, s in enumerate(out.started) if not math.isnan(s)]
+        tenants = [self.trace.records[i]["tenant"] or "(none)" for i in done]
+        return run_stats(name, [out.started[i] - published[i] for i in done],
+                         [runtime[i] for i in done], [labels[i] for i in done], tenants,
+                         sla, order, lost=len(out.stranded))
+
+
+def infer_slots(trace: Trace, default_accelerator: str = "cpu") -> dict[str, int]:
+    """Concurrent runs per accelerator class as recorded (the most that overlapped)."""
+    events: dict[str, list[tuple[float, int]]] = {}
+    for record in trace.records:
+        start = record.get("started_at")
+        if start is None:
+            raise ValueError("the trace has no started_at: give the workers (cpu=4,gpu=1)")
+        accel = record.get("accelerator") or default_accelerator
+        marks = events.setdefault(accel, [])
+        marks.append((start, 1))
+        marks.append((start + record["runtime_s"], -1))
+    slots = {}
+    for accel, marks in sorted(events.items()):
+        marks.sort()
+        level = peak = 0
+        for _t, step in marks:
+            level += step
+            peak = max(peak, level)
+        slots[accel] = peak
+    return slots
+
+
+def parse_slots(text: str) -> dict[str, int]:
+    """``cpu=4,gpu=1`` -> {'cpu': 4, 'gpu': 1}; a clear error naming the bad part."""
+    slots: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, count = part.partition("=")
+        if not sep or not name.strip() or not count.strip().isdigit() or int(count) < 1:
+            raise ValueError(f"--workers: {part!r} is not CLASS=SLOTS with SLOTS >= 1 "
+                             "(e.g. cpu=4,gpu=1)")
+        slots[name.strip()] = int(count)
+    if not slots:
+        raise ValueError("--workers: no worker class given (e.g. cpu=4,gpu=1)")
+    return slots
