@@ -99,7 +99,6 @@ class PipelineRouter:
         self.feed = feed if feed is not None else SourceFeed(pipeline.sources())
         self._view = View(live, Stage.TAKEOVER, policy.split, True,
                           sources=self.feed.values)
-        self._declared: dict[str, Mapping[str, Any]] = {}
         n = len(trace)
         self.tiers: list[str] = [""] * n
         self.accelerators: list[str] = [""] * n
@@ -117,9 +116,7 @@ class PipelineRouter:
     def request(self, i: int, now: float) -> Request:
         record = self.records[i]
         task = record["task"]
-        declared = self._declared.get(task)
-        if declared is None:
-            declared = self._declared[task] = dict(self.declarations(task, record))
+        declared = self.declarations(task, record)
         headers: dict[str, Any] = {}
         if record["tenant"]:
             headers["aitp_tenant"] = record["tenant"]

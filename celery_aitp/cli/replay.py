@@ -1,0 +1,194 @@
+"""``celery -A proj aitp replay`` and ``celery-aitp replay``: try a policy on recorded runs.
+
+Replays observation records (the store's ``obs`` stream, or a JSON-lines file) in a
+deterministic discrete-event simulation under each policy, plain FIFO and the oracle;
+prints waits, slowdown, SLA hits and fairness per tier and tenant, and writes a
+self-contained HTML report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from celery_aitp.cli.output import console, fail, table
+from celery_aitp.errors import AitpError
+from celery_aitp.replay.metrics import RunStats, Target
+from celery_aitp.replay.report import RunSeries, html_report
+from celery_aitp.replay.routers import Declarations, recorded_declarations
+from celery_aitp.replay.runner import (
+    DEFAULT_OVERHEAD_S,
+    PolicyUnderTest,
+    Replay,
+    ReplayConfig,
+    ReplayResult,
+    infer_slots,
+    parse_slots,
+)
+from celery_aitp.replay.trace import Trace, from_records, load_jsonl
+
+
+def print_stats(stats: Sequence[RunStats], found: Sequence[Target]) -> None:
+    """The table shared by the replay and the scheduling benchmark."""
+    console.width = max(console.width, 110)
+    rows = []
+    for st in stats:
+        for g in st.groups:
+            hit = "" if g.sla_hit is None else f"{100 * g.sla_hit:.1f}%"
+            rows.append((st.run, "all" if g.kind == "all" else f"{g.kind} {g.name}", g.tasks,
+                         g.wait_p50_s, g.wait_p95_s, g.wait_max_s, g.mean_slowdown, hit))
+    table("waits (seconds), bounded slowdown, SLA hits",
+          ["run", "group", "tasks", "wait p50", "wait p95", "wait max", "mean slowdown",
+           "SLA hit"], rows)
+    table("per run", ["run", "Jain's index (tenant slowdowns)", "tasks lost"],
+          [(st.run, st.jain, st.lost) for st in stats])
+    for t in found:
+        verdict = "[green]met[/green]" if t.met else "[red]not met[/red]"
+        console.print(f"{t.name}: {t.value:.3f} (target <= {t.limit:g}) {verdict}")
+
+
+def series_of(result: ReplayResult) -> list[RunSeries]:
+    labels = result.run(result.runs[0].name).outcome
+    tiers = [labels.label_of(i) for i in range(len(result.trace))]
+    return [RunSeries(r.name, result.trace.published, r.outcome.started, tiers)
+            for r in result.runs]
+
+
+def report_meta(result: ReplayResult, source: str, config: ReplayConfig) -> list[str]:
+    trace = result.trace
+    slots = ", ".join(f"{a}={n}" for a, n in result.slots.items())
+    meta = [f"trace: {source}: {len(trace)} runs over {trace.span_s:.0f}s; "
+            f"{trace.skipped_summary()}",
+            f"simulated workers (slots per accelerator class): {slots}; consumption "
+            f"'{config.strategy}'; overhead per run {config.overhead_s * 1000:g} ms",
+            "tiers: every run is grouped by the tier the first policy gives each task"]
+    for run in result.runs:
+        if run.reasons:
+            reasons = ", ".join(f"{k} {v}" for k, v in sorted(run.reasons.items()))
+            meta.append(f"{run.name} decisions: {reasons}")
+    return meta
+
+
+def execute(trace: Trace, source: str, tests: list[PolicyUnderTest], config: ReplayConfig,
+            report: Path) -> ReplayResult:
+    """Run the replay, print the tables and write the report."""
+    started = time.monotonic()
+    result = Replay(trace, config).run(tests)
+    print_stats([r.stats for r in result.runs], result.targets)
+    meta = report_meta(result, source, config)
+    tier_order = result.tier_order
+    report.write_text(html_report("celery_aitp replay", meta, [r.stats for r in result.runs],
+                                  result.targets, series_of(result), tier_order))
+    console.print(f"{meta[0]}\nreport: {report} ({time.monotonic() - started:.1f}s)")
+    return result
+
+
+def replay_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options both entry points share."""
+    options = [
+        click.option("--vs", "versus", multiple=True, type=click.Path(dir_okay=False),
+                     help="Another policy file to compare (repeatable)."),
+        click.option("--workers", default=None,
+                     help="Slots per accelerator class, e.g. cpu=4,gpu=1 (default: as "
+                          "recorded: the most runs that overlapped per class)."),
+        click.option("--consumption", default="priority", show_default=True,
+                     help="Workers' queue order strategy: a kombu cycle name or module:Class."),
+        click.option("--overhead-ms", default=DEFAULT_OVERHEAD_S * 1000, show_default=True,
+                     help="Slot time per run beyond its runtime (ack, next fetch)."),
+        click.option("--report", "report", default="aitp-replay.html", show_default=True,
+                     type=click.Path(dir_okay=False, path_type=Path), help="HTML report path."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def config_for(trace: Trace, workers: str | None, consumption: str, overhead_ms: float,
+               declarations: Declarations, default_queue: str = "celery",
+               default_accelerator: str = "cpu") -> ReplayConfig:
+    from kombu.utils.scheduling import cycle_by_name
+
+    try:
+        slots = parse_slots(workers) if workers else infer_slots(trace, default_accelerator)
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        cycle_by_name(consumption)
+    except (ImportError, AttributeError, ValueError):
+        fail(f"--consumption: {consumption!r} is neither a kombu queue order strategy "
+             "(priority, round_robin, sorted) nor an importable module:Class")
+    if overhead_ms < 0:
+        fail("--overhead-ms: must be >= 0")
+    return ReplayConfig(slots=slots, default_queue=default_queue, overhead_s=overhead_ms / 1000,
+                        strategy=consumption, declarations=declarations)
+
+
+def _load(path: str) -> Trace:
+    try:
+        trace = load_jsonl(path)
+    except OSError as exc:
+        fail(f"{path}: cannot read trace ({exc.strerror})")
+    if not len(trace):
+        fail(f"{path}: no replayable records ({trace.skipped_summary()})")
+    return trace
+
+
+@click.command("replay")
+@click.argument("trace", required=False, type=click.Path(dir_okay=False))
+@click.option("--policy", "policy", default=None, type=click.Path(dir_okay=False),
+              help="Policy file to try (default: the app's policy and pipeline).")
+@replay_options
+@click.pass_context
+def command(ctx: click.Context, trace: str | None, policy: str | None, versus: tuple[str, ...],
+            workers: str | None, consumption: str, overhead_ms: float, report: Path) -> None:
+    """Replay TRACE (a JSON-lines file; default: the store's observations) under a policy."""
+    from celery_aitp.cli.celery_command import middleware_of
+    from celery_aitp.replay.app import app_declarations, embedded_stores, policies_for_app
+
+    mw = middleware_of(ctx)
+    try:
+        if trace:
+            loaded, source = _load(trace), trace
+        else:
+            loaded = from_records(mw.store.read_records(mw.store.keys.observations))
+            source = "the store's observations"
+        tests = policies_for_app(mw, [p for p in (policy, *versus) if p])
+    except AitpError as exc:
+        fail(str(exc))
+    if not len(loaded):
+        fail(f"{source}: no replayable records ({loaded.skipped_summary()})")
+    config = config_for(loaded, workers, consumption, overhead_ms, app_declarations(mw),
+                        str(mw.app.conf.task_default_queue), mw.policy.default_accelerator)
+    with embedded_stores() as stores:
+        config.store_factory = stores
+        execute(loaded, source, tests, config, report)
+
+
+@click.command("replay")
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--policy", "policy", required=True, type=click.Path(dir_okay=False),
+              help="Policy file to try.")
+@replay_options
+def offline_command(trace: str, policy: str, versus: tuple[str, ...], workers: str | None,
+                    consumption: str, overhead_ms: float, report: Path) -> None:
+    """Replay TRACE (observation records, JSON lines) under a policy, FIFO and the oracle.
+
+    Without an app the tasks' declarations are unknown: each record's accelerator and
+    tier are taken as declared.
+    """
+    from celery_aitp.replay.app import embedded_stores, policies_from_files
+
+    loaded = _load(trace)
+    try:
+        tests = policies_from_files([policy, *versus])
+    except AitpError as exc:
+        fail(str(exc))
+    config = config_for(loaded, workers, consumption, overhead_ms, recorded_declarations,
+                        default_accelerator=tests[0].policy.default_accelerator)
+    with embedded_stores() as stores:
+        config.store_factory = stores
+        execute(loaded, trace, tests, config, report)

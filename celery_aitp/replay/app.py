@@ -1,0 +1,77 @@
+"""What a replay takes from a Celery app: its pipeline, policy, declarations and queue."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from celery_aitp.policy import Policy, read_policy_file
+from celery_aitp.publish.pipeline import Pipeline, default_stages
+from celery_aitp.replay.feed import StoreFactory
+from celery_aitp.replay.routers import Declarations, recorded_declarations
+from celery_aitp.replay.runner import PolicyUnderTest
+from celery_aitp.store import Keys, RedisStore, connect
+
+
+def pipeline_for(policy: Policy) -> Pipeline:
+    """The pipeline a deployment with this policy runs (the product's default stages)."""
+    return Pipeline(default_stages(policy))
+
+
+def _names(paths: Sequence[str]) -> list[str]:
+    names: list[str] = []
+    for path in paths:
+        name = Path(path).stem or "policy"
+        while name in names or name in ("fifo", "oracle"):
+            name += "'"
+        names.append(name)
+    return names
+
+
+def policies_from_files(paths: Sequence[str]) -> list[PolicyUnderTest]:
+    """Each policy file with the default pipeline built for it; raises PolicyError."""
+    return [PolicyUnderTest(name, policy, pipeline_for(policy))
+            for name, policy in zip(_names(paths), map(read_policy_file, paths), strict=True)]
+
+
+def policies_for_app(mw: Any, paths: Sequence[str]) -> list[PolicyUnderTest]:
+    """The app's own pipeline (every stage it installed) first, unless files are given."""
+    if paths:
+        return policies_from_files(paths)
+    return [PolicyUnderTest("aitp", mw.policy, mw.pipeline)]
+
+
+def app_declarations(mw: Any) -> Declarations:
+    """The app's ``@app.task(aitp={...})`` declarations; the record's for unknown tasks."""
+    tasks: Mapping[str, Any] = mw.app.tasks
+
+    def declared(task: str, record: Mapping[str, Any]) -> Mapping[str, Any]:
+        if task in tasks:
+            return mw.declared(task)
+        return recorded_declarations(task, record)
+
+    return declared
+
+
+@contextlib.contextmanager
+def embedded_stores(prefix: str = "aitp-replay") -> Iterator[StoreFactory]:
+    """Private stores for the pipeline's sources, on one embedded Redis started on demand."""
+    from celery_aitp.demo.embedded import EmbeddedRedis
+
+    server: EmbeddedRedis | None = None
+    made = 0
+
+    def factory() -> RedisStore:
+        nonlocal server, made
+        if server is None:
+            server = EmbeddedRedis().start()
+        made += 1
+        return RedisStore(connect(server.url, 5.0), Keys(f"{prefix}-{made}"))
+
+    try:
+        yield factory
+    finally:
+        if server is not None:
+            server.stop()
