@@ -275,6 +275,28 @@ def stats_of(bench: Bench, m: Measured, labels: list[str]) -> RunStats:
                      lost=m.lost)
 
 
+def trace_name(mode: str) -> str:
+    """The takeover run's trace is *the* trace; the others let each run be replayed."""
+    return "scheduling-trace.jsonl" if mode == "aitp" else f"scheduling-trace-{mode}.jsonl"
+
+
+def fifo_records(bench: Bench, m: Measured, labels: list[str]) -> list[dict[str, Any]]:
+    """Plain Celery records no observations: the same schema, from the tasks' own timings."""
+    records = []
+    for item in bench.items:
+        i = item.index
+        if math.isnan(m.started[i]):
+            continue
+        records.append({
+            "task": item.task, "task_id": f"fifo-{i:06d}", "tenant": item.tenant,
+            "tier": labels[i], "accelerator": KINDS[item.task].accelerator,
+            "args": [item.size], "kwargs": {}, "published_at": m.published[i],
+            "started_at": m.started[i], "wait_s": m.started[i] - m.published[i],
+            "runtime_s": m.finished[i] - m.started[i], "outcome": "SUCCESS", "retries": 0,
+        })
+    return records
+
+
 def series(m: Measured, labels: list[str]) -> RunSeries:
     return RunSeries(m.mode, m.published, m.started, labels)
 
@@ -283,9 +305,11 @@ def write_outputs(out: Path, bench: Bench, runs: dict[str, Measured], all_stats:
                   found: list[Target], labels: list[str], args: argparse.Namespace,
                   elapsed: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    if "aitp" in runs:
-        n = write_jsonl(runs["aitp"].observations, out / "scheduling-trace.jsonl")
-        console.print(f"trace: {n} observation records -> {out / 'scheduling-trace.jsonl'}")
+    for mode, m in runs.items():
+        path = out / trace_name(mode)
+        records = m.observations if mode != "fifo" else fifo_records(bench, m, labels)
+        n = write_jsonl(records, path)
+        console.print(f"trace: {n} observation records of the {mode} run -> {path}")
     doc = {
         "command": "python benchmarks/scheduling.py " + " ".join(sys.argv[1:]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +11,33 @@ from celery_aitp.policy import Policy, read_policy_file
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.replay.feed import StoreFactory
 from celery_aitp.replay.routers import Declarations, recorded_declarations
-from celery_aitp.replay.runner import PolicyUnderTest
+from celery_aitp.replay.runner import PipelineFactory, PolicyUnderTest
 from celery_aitp.store import Keys, RedisStore, connect
 
 
-def pipeline_for(policy: Policy) -> Pipeline:
-    """The pipeline a deployment with this policy runs (the product's default stages)."""
-    return Pipeline(default_stages(policy))
+def default_pipeline(policy: Policy, clock: Callable[[], float]) -> Pipeline:
+    """A fresh pipeline of the product's default stages for ``policy``, on ``clock``."""
+    return Pipeline(default_stages(policy))  # stages take no clock yet
+
+
+def pipeline_factory(policy: Policy) -> PipelineFactory:
+    return lambda clock: default_pipeline(policy, clock)
+
+
+def app_pipeline_factory(mw: Any) -> PipelineFactory:
+    """The app's pipeline: fresh default stages, plus every stage the app swapped in
+    (``use_stage``), used as they are."""
+
+    def build(clock: Callable[[], float]) -> Pipeline:
+        pipeline = default_pipeline(mw.policy, clock)
+        defaults = {s.name: s for s in pipeline.stages}
+        for stage in mw.pipeline.stages:
+            default = defaults.get(stage.name)
+            if default is None or type(default) is not type(stage):
+                pipeline = pipeline.replace(stage.name, stage)
+        return pipeline
+
+    return build
 
 
 def _names(paths: Sequence[str]) -> list[str]:
@@ -32,7 +52,7 @@ def _names(paths: Sequence[str]) -> list[str]:
 
 def policies_from_files(paths: Sequence[str]) -> list[PolicyUnderTest]:
     """Each policy file with the default pipeline built for it; raises PolicyError."""
-    return [PolicyUnderTest(name, policy, pipeline_for(policy))
+    return [PolicyUnderTest(name, policy, pipeline_factory(policy))
             for name, policy in zip(_names(paths), map(read_policy_file, paths), strict=True)]
 
 
@@ -40,7 +60,7 @@ def policies_for_app(mw: Any, paths: Sequence[str]) -> list[PolicyUnderTest]:
     """The app's own pipeline (every stage it installed) first, unless files are given."""
     if paths:
         return policies_from_files(paths)
-    return [PolicyUnderTest("aitp", mw.policy, mw.pipeline)]
+    return [PolicyUnderTest("aitp", mw.policy, app_pipeline_factory(mw))]
 
 
 def app_declarations(mw: Any) -> Declarations:

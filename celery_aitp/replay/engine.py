@@ -58,10 +58,12 @@ class SimWorker:
 class Outcome:
     """What one simulation produced, per task (by trace index) and over time."""
 
-    __slots__ = ("started", "labels", "label_names", "queues", "stranded", "makespan_s")
+    __slots__ = ("started", "worker", "labels", "label_names", "queues", "stranded",
+                 "makespan_s")
 
     def __init__(self, n: int) -> None:
         self.started: list[float] = [math.nan] * n
+        self.worker: list[int] = [-1] * n  # index of the simulated worker that ran it
         self.labels: list[int] = [0] * n  # index into label_names (tier decided)
         self.label_names: list[str] = []
         self.queues: list[str] = [""] * n
@@ -165,6 +167,7 @@ class _Run:
 
     def start(self, task: int, w: int, now: float) -> None:
         self.out.started[task] = now
+        self.out.worker[task] = w
         self.free[w] -= 1
         if self.free[w]:
             self.blocked_since[w] = now  # it issues its next BRPOP right away

@@ -87,7 +87,7 @@ class PipelineRouter:
     def __init__(self, trace: Trace, pipeline: Pipeline, policy: Policy,
                  workers: Sequence[SimWorker], default_queue: str,
                  declarations: Declarations = recorded_declarations, oracle: bool = False,
-                 feed: SourceFeed | None = None) -> None:
+                 feed: SourceFeed | None = None, clock: Any = None) -> None:
         self.records = trace.records
         self.runtime = trace.runtime
         self.pipeline = pipeline
@@ -95,6 +95,7 @@ class PipelineRouter:
         self.default_queue = default_queue
         self.declarations = declarations
         self.oracle = oracle
+        self.clock = clock  # a SimClock the pipeline's stages read, set to each decision's time
         live = frozenset(q for w in workers for q in w.queues if parse_tier_queue(q))
         self.feed = feed if feed is not None else SourceFeed(pipeline.sources())
         self._view = View(live, Stage.TAKEOVER, policy.split, True,
@@ -127,6 +128,8 @@ class PipelineRouter:
                        int(record.get("retries") or 0))
 
     def __call__(self, i: int, now: float) -> tuple[str, int, str]:
+        if self.clock is not None:
+            self.clock.now = now
         decision = self.pipeline.decide(self.request(i, now), self.view(now), now)
         self.tiers[i] = decision.tier
         self.accelerators[i] = decision.accelerator or self.policy.default_accelerator

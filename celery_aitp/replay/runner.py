@@ -7,7 +7,7 @@ policy gives them, in every run, so a tier's row compares the same tasks across 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,13 +31,29 @@ from celery_aitp.replay.trace import Trace
 DEFAULT_OVERHEAD_S = 0.002
 
 
+class SimClock:
+    """The simulated time, for stages and sources that take a ``clock`` callable."""
+
+    __slots__ = ("now",)
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+#: clock -> a fresh Pipeline (stages keep per-run state such as fair-share charges)
+PipelineFactory = Callable[[Callable[[], float]], Pipeline]
+
+
 @dataclass(frozen=True)
 class PolicyUnderTest:
-    """A named policy and the pipeline that decides for it."""
+    """A named policy and how to build the pipeline that decides for it."""
 
     name: str
     policy: Policy
-    pipeline: Pipeline
+    build: PipelineFactory
 
 
 @dataclass
@@ -96,13 +112,15 @@ class Replay:
         self.config = config
 
     def _simulate(self, workers: Sequence[SimWorker], router: Any,
-                  feed: SourceFeed | None = None) -> Outcome:
+                  feed: SourceFeed | None = None, clock: SimClock | None = None) -> Outcome:
         engine = Engine(workers, self.config.overhead_s)
         hook = None
         if feed is not None and feed.active:
             runtime = self.trace.runtime
+            clock = clock or SimClock()
 
             def hook(i: int, started: float, finished: float) -> None:
+                clock.now = finished
                 feed.observe(_observation(router, i, started, finished, runtime[i]))
 
         return engine.run(self.trace.published, self.trace.runtime, router, hook)
@@ -110,13 +128,15 @@ class Replay:
     def policy_run(self, test: PolicyUnderTest, oracle: bool = False
                    ) -> tuple[Outcome, PipelineRouter]:
         cfg = self.config
-        pipeline = test.pipeline.replace("predict", OraclePredictStage()) if oracle \
-            else test.pipeline
+        clock = SimClock(self.trace.published[0])
+        pipeline = test.build(clock)
+        if oracle:
+            pipeline = pipeline.replace("predict", OraclePredictStage())
         workers = policy_workers(test.policy, cfg.slots, cfg.default_queue, cfg.strategy)
         feed = SourceFeed(pipeline.sources(), cfg.store_factory, cfg.refresh_interval_s)
         router = PipelineRouter(self.trace, pipeline, test.policy, workers, cfg.default_queue,
-                                cfg.declarations, oracle=oracle, feed=feed)
-        return self._simulate(workers, router, feed), router
+                                cfg.declarations, oracle=oracle, feed=feed, clock=clock)
+        return self._simulate(workers, router, feed, clock), router
 
     def run(self, tests: Sequence[PolicyUnderTest]) -> ReplayResult:
         if not tests:

@@ -1,0 +1,87 @@
+"""Does the replay simulator reproduce what really happened? Measured vs simulated waits.
+
+    python benchmarks/replay_validation.py            # after benchmarks/scheduling.py
+
+Replays each run of the scheduling benchmark from its own trace (the observation
+records of the takeover and oracle runs; the FIFO run's timings in the same schema) with
+the benchmark app's real pipeline and declarations and the same slots, and compares the
+simulated run of the same kind (policy, FIFO, oracle) with the measured p50/p95 waits
+per tier and overall in ``scheduling.json``. Target: within 15%. Waits of a few
+milliseconds are Redis and thread wake-up jitter, so a difference under 5 ms also counts
+as reproduced (shown as such). Writes the replay's HTML report next to the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.sched_app import make_app  # noqa: E402
+from benchmarks.scheduling import trace_name  # noqa: E402
+from benchmarks.workload import SLOTS  # noqa: E402
+from celery_aitp.cli.output import console, table  # noqa: E402
+from celery_aitp.cli.replay import execute  # noqa: E402
+from celery_aitp.replay.app import app_declarations, embedded_stores, policies_for_app  # noqa: E402
+from celery_aitp.replay.runner import DEFAULT_OVERHEAD_S, ReplayConfig, infer_slots  # noqa: E402
+from celery_aitp.replay.trace import load_jsonl  # noqa: E402
+
+TOLERANCE = 0.15
+ABSOLUTE_FLOOR_S = 0.005
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def verdict(measured: float, simulated: float) -> tuple[float, bool]:
+    err = (simulated - measured) / measured if measured > 0 else 0.0
+    return err, abs(err) <= TOLERANCE or abs(simulated - measured) <= ABSOLUTE_FLOOR_S
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--overhead-ms", type=float, default=DEFAULT_OVERHEAD_S * 1000)
+    args = parser.parse_args(argv)
+    measured = json.loads((args.results / "scheduling.json").read_text())
+    trace = load_jsonl(args.results / "scheduling-trace.jsonl")
+    app = make_app("aitp", "redis://127.0.0.1:6379/15", "aitp-replay-validation", "celery")
+    mw = app.aitp
+    config = ReplayConfig(slots=SLOTS, default_queue=str(app.conf.task_default_queue),
+                          overhead_s=args.overhead_ms / 1000, declarations=app_declarations(mw))
+    rows, failures, checked = [], 0, 0
+    with embedded_stores() as stores, tempfile.TemporaryDirectory() as scratch:
+        config.store_factory = stores
+        for run in ("fifo", "aitp", "oracle"):
+            trace = load_jsonl(args.results / trace_name(run))
+            console.print(f"[bold]{run}[/bold] run's trace; slots: benchmark {SLOTS}, "
+                          f"inferred {infer_slots(trace)}")
+            report = args.results / "replay-report.html" if run == "aitp" \
+                else Path(scratch) / f"replay-{run}.html"
+            result = execute(trace, trace_name(run), policies_for_app(mw, []), config, report)
+            sim = result.run(run).stats
+            for group in measured["runs"][run]["groups"]:
+                mine = sim.group(group["kind"], group["name"])
+                if group["kind"] == "tenant" or mine is None:
+                    continue
+                cells: list[object] = [run, group["name"], group["tasks"]]
+                for key in ("wait_p50_s", "wait_p95_s"):
+                    err, ok = verdict(group[key], getattr(mine, key))
+                    checked += 1
+                    failures += not ok
+                    mark = "" if ok else " !"
+                    cells += [group[key], getattr(mine, key), f"{100 * err:+.0f}%{mark}"]
+                rows.append(cells)
+    table("measured vs simulated waits (s)", ["run", "group", "tasks", "p50 measured",
+          "p50 simulated", "error", "p95 measured", "p95 simulated", "error"], rows)
+    console.print(f"{checked - failures} of {checked} figures within {TOLERANCE:.0%} "
+                  f"(or {ABSOLUTE_FLOOR_S * 1000:g} ms)")
+    (args.results / "replay-validation.json").write_text(json.dumps(
+        {"checked": checked, "failures": failures, "rows": rows}, indent=2) + "\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
