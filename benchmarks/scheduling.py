@@ -277,7 +277,7 @@ def stats_of(bench: Bench, m: Measured, labels: list[str]) -> RunStats:
 
 def trace_name(mode: str) -> str:
     """The takeover run's trace is *the* trace; the others let each run be replayed."""
-    return "scheduling-trace.jsonl" if mode == "aitp" else f"scheduling-trace-{mode}.jsonl"
+    return "scheduling-trace.jsonl.gz" if mode == "aitp" else f"scheduling-trace-{mode}.jsonl.gz"
 
 
 def fifo_records(bench: Bench, m: Measured, labels: list[str]) -> list[dict[str, Any]]:

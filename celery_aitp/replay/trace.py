@@ -9,12 +9,14 @@ counted by reason, never a crash.
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
 class Trace:
@@ -94,8 +96,15 @@ def from_records(raw_records: Iterable[Any], skipped: Counter[str] | None = None
     return Trace(kept, skipped)
 
 
+def _open(path: Path, mode: str) -> IO[str]:
+    """A text handle; ``.gz`` files are (de)compressed on the fly."""
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")
+    return path.open(mode, encoding="utf-8")
+
+
 def _json_lines(path: Path, skipped: Counter[str]) -> Iterator[Any]:
-    with path.open(encoding="utf-8") as handle:
+    with _open(path, "r") as handle:
         for line in handle:
             line = line.strip()
             if not line:
@@ -107,15 +116,15 @@ def _json_lines(path: Path, skipped: Counter[str]) -> Iterator[Any]:
 
 
 def load_jsonl(path: str | Path) -> Trace:
-    """Read a JSON-lines file of observation records (one object per line)."""
+    """Read a JSON-lines file of observation records (one object per line; ``.gz`` too)."""
     skipped: Counter[str] = Counter()
     return from_records(_json_lines(Path(path), skipped), skipped)
 
 
 def write_jsonl(records: Iterable[Mapping[str, Any]], path: str | Path) -> int:
-    """Write records as JSON lines; returns how many were written."""
+    """Write records as JSON lines (gzip-compressed if the name ends in ``.gz``)."""
     n = 0
-    with Path(path).open("w", encoding="utf-8") as handle:
+    with _open(Path(path), "w") as handle:
         for record in records:
             handle.write(json.dumps(record, default=str, separators=(",", ":")) + "\n")
             n += 1

@@ -56,6 +56,13 @@ def test_bad_records_are_skipped_and_counted(tmp_path):
     assert trace.skipped_summary().startswith("skipped 6 record(s): bad runtime_s 2")
 
 
+def test_gzipped_traces_round_trip(tmp_path):
+    records = [{"task": "t", "published_at": 10.0 + i, "runtime_s": 0.5} for i in range(3)]
+    assert write_jsonl(records, tmp_path / "t.jsonl.gz") == 3
+    assert (tmp_path / "t.jsonl.gz").read_bytes()[:2] == b"\x1f\x8b"
+    assert load_jsonl(tmp_path / "t.jsonl.gz").published == [10.0, 11.0, 12.0]
+
+
 def test_bounded_slowdown_jain_and_sla():
     slow = bounded_slowdown(np.array([0.0, 1.0, 1.0]), np.array([2.0, 0.005, 1.0]))
     assert slow.tolist() == [1.0, pytest.approx(10.05), 2.0]

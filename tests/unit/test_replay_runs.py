@@ -142,3 +142,42 @@ def test_replay_is_deterministic():
     for a, b in zip(first.runs, second.runs, strict=True):
         assert a.outcome.started == b.outcome.started
         assert a.stats == b.stats
+
+
+def test_stages_on_the_simulated_clock_see_simulated_time():
+    seen = []
+
+    class Clocked:
+        name = "priority"
+
+        def __init__(self, clock):
+            self.clock = clock
+
+        def __call__(self, request, decision, view):
+            seen.append((self.clock(), decision.decided_at))
+            decision.tier = "hi"
+
+    def build(clock):
+        return Pipeline(default_stages(POLICY)).replace("priority", Clocked(clock))
+
+    replay([rec("t", "acme", 0.0, 5.0), rec("t", "acme", 2.0, 1.0)],
+           tests=[PolicyUnderTest("p", POLICY, build)])
+    assert seen == [(1000.0, 1000.0), (1002.0, 1002.0)] * 2  # policy run, then oracle run
+
+
+def test_the_apps_swapped_stages_are_replayed(app):
+    from celery_aitp.replay.app import app_pipeline_factory
+
+    class AllLow:
+        name = "priority"
+
+        def __call__(self, request, decision, view):
+            decision.tier = "lo"
+
+    swapped = AllLow()
+    app.aitp.use_stage("priority", swapped)
+    build = app_pipeline_factory(app.aitp)
+    first, second = build(None), build(None)
+    assert swapped in first.stages and swapped in second.stages
+    tenant = next(s for s in first.stages if s.name == "tenant")
+    assert tenant is not next(s for s in second.stages if s.name == "tenant")  # fresh
