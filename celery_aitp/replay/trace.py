@@ -99,7 +99,7 @@ def from_records(raw_records: Iterable[Any], skipped: Counter[str] | None = None
 def _open(path: Path, mode: str) -> IO[str]:
     """A text handle; ``.gz`` files are (de)compressed on the fly."""
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")
+        return io.TextIOWrapper(gzip.GzipFile(path, mode + "b"), encoding="utf-8")
     return path.open(mode, encoding="utf-8")
 
 
