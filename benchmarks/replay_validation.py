@@ -46,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overhead-ms", type=float, default=DEFAULT_OVERHEAD_S * 1000)
     args = parser.parse_args(argv)
     measured = json.loads((args.results / "scheduling.json").read_text())
-    trace = load_jsonl(args.results / "scheduling-trace.jsonl")
     app = make_app("aitp", "redis://127.0.0.1:6379/15", "aitp-replay-validation", "celery")
     mw = app.aitp
     config = ReplayConfig(slots=SLOTS, default_queue=str(app.conf.task_default_queue),

@@ -275,6 +275,29 @@ def stats_of(bench: Bench, m: Measured, labels: list[str]) -> RunStats:
                      lost=m.lost)
 
 
+def markdown(all_stats: list[RunStats], found: list[Target]) -> str:
+    """The figures as Markdown tables (pasted into the README's Performance section)."""
+    lines = ["| group | run | tasks | wait p50 s | wait p95 s | wait max s | mean slowdown "
+             "| SLA hit |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    keys = [(g.kind, g.name) for g in all_stats[0].groups]
+    for kind, name in keys:
+        for st in all_stats:
+            g = st.group(kind, name)
+            if g is None:
+                continue
+            hit = "" if g.sla_hit is None else f"{100 * g.sla_hit:.1f}%"
+            label = "all" if kind == "all" else f"{kind} {name}"
+            lines.append(f"| {label} | {st.run} | {g.tasks} | {g.wait_p50_s:.3f} | "
+                         f"{g.wait_p95_s:.3f} | {g.wait_max_s:.2f} | {g.mean_slowdown:.2f} | "
+                         f"{hit} |")
+    lines += ["", "| run | Jain's index (tenant slowdowns) | tasks lost |", "|---|---:|---:|"]
+    lines += [f"| {st.run} | {st.jain:.3f} | {st.lost} |" for st in all_stats]
+    lines += ["", "| target | measured | limit | |", "|---|---:|---:|---|"]
+    lines += [f"| {t.name} | {t.value:.3f} | {t.limit:g} | {'met' if t.met else 'NOT met'} |"
+              for t in found]
+    return "\n".join(lines) + "\n"
+
+
 def trace_name(mode: str) -> str:
     """The takeover run's trace is *the* trace; the others let each run be replayed."""
     return "scheduling-trace.jsonl.gz" if mode == "aitp" else f"scheduling-trace-{mode}.jsonl.gz"
@@ -326,6 +349,7 @@ def write_outputs(out: Path, bench: Bench, runs: dict[str, Measured], all_stats:
         "elapsed_s": elapsed,
     }
     (out / "scheduling.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / "scheduling.md").write_text(markdown(all_stats, found))
     ordered = [series(runs[m], labels) for m in RUN_ORDER if m in runs]
     tiers = bench.policy.tier_names
     (out / "scheduling-waits.svg").write_text(wait_cdf_svg(ordered, tiers))
