@@ -98,9 +98,10 @@ class Bench:
 
     def cleanup(self, mode: str) -> None:
         prefix, queue = self.names(mode)
-        patterns = [f"{prefix}*", f"{queue}*", f"_kombu.binding.{queue}*"]
+        patterns = [f"{prefix}*", f"{queue}*"]
         patterns += [f"{q}*" for q in self.tier_queues]
-        patterns += [f"_kombu.binding.{q}" for q in self.tier_queues]
+        for binding in ("_kombu.binding", "_kombu.binding_permanent"):
+            patterns += [f"{binding}.{queue}*"] + [f"{binding}.{q}" for q in self.tier_queues]
         for pattern in patterns:
             keys = list(self.client.scan_iter(pattern, count=1000))
             if keys:

@@ -57,7 +57,8 @@ def wait_cdf_svg(runs: Sequence[RunSeries], tiers: Sequence[str]) -> str:
     top = max(float(every.max()) if every.size else 1.0, WAIT_FLOOR_S * 10)
     panels = []
     for tier in present:
-        lines = [Line(r.name, *_cdf(_waits(r, tier)), colors[r.name]) for r in runs]
+        lines = [Line(r.name, *_cdf(_waits(r, tier)), colors[r.name], dashed=r.name == "oracle")
+                 for r in runs]
         panels.append(chart(lines, Axes(f"tier {tier}: wait distribution", "wait (s, log)",
                                         "share of tasks", x_log=True,
                                         x_range=(WAIT_FLOOR_S, top * 1.2), y_range=(0, 1),
@@ -129,7 +130,7 @@ def _targets(found: Sequence[Target]) -> str:
 STYLE = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}th{background:#f5f5f5}
-td:nth-child(-n+2){text-align:left}.ok{color:#2a7a2a}.bad{color:#b22}
+td:nth-child(-n+2),th:nth-child(-n+2){text-align:left}.ok{color:#2a7a2a}.bad{color:#b22}
 .meta{color:#555}svg{max-width:100%;height:auto}"""
 
 

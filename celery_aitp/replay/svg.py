@@ -116,8 +116,9 @@ def chart(lines: Sequence[Line], axes: Axes, width: int = 380, height: int = 240
     lx = left + 8 if axes.legend_left else left + pw - 92
     for k, line in enumerate(lines):
         ly = top + 12 + 14 * k
+        dash = ' stroke-dasharray="5,3"' if line.dashed else ""
         out.append(f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 16}" y2="{ly - 4}" '
-                   f'stroke="{line.color}" stroke-width="2"/>')
+                   f'stroke="{line.color}" stroke-width="2"{dash}/>')
         out.append(f'<text x="{lx + 20}" y="{ly}" fill="#333">{escape(line.label)}</text>')
     out.append("</svg>")
     return "\n".join(out)
