@@ -34,6 +34,7 @@ aitp.add_command(validate)
 COMMANDS = (
     "celery_aitp.cli.status",
     "celery_aitp.cli.evacuate",
+    "celery_aitp.cli.dashboard",
 )
 
 
