@@ -52,8 +52,10 @@
       (s.changed_by ? "by " + s.changed_by + " at " + when(s.changed_at) : "from the policy"));
     set("rate-value", d.decisions_per_s === null ? "–" : fmt(d.decisions_per_s));
     var w = d.decisions.window;
-    set("routed-value", pct(w.routed_share));
-    set("routed-sub", w.total + " decisions in the window, " + w.fallback + " fell back");
+    var t = d.decisions.total;
+    set("routed-value", pct(w.total ? w.routed_share : t.routed_share));
+    set("routed-sub", w.total ? w.total + " decisions in the window, " + w.fallback + " fell back"
+      : t.total + " decisions in all, " + t.fallback + " fell back");
     set("workers-value", d.workers.alive);
     set("queued-value", d.queued);
     set("orphaned-sub", d.orphaned_queues.length ? d.orphaned_queues.length + " orphaned queue(s)!" : "no orphaned queue");
@@ -65,17 +67,19 @@
         color: r.hit_rate !== null && r.hit_rate < 0.95 ? COLORS.miss : COLORS.routed,
         title: r.tier + ": " + r.hits + " of " + r.n + " runs met the SLA" };
     }), { max: 1, format: pct, empty: "no runs in the window" });
-    var totals = {};
-    d.decisions.total.reasons.forEach(function (r) { totals[r.reason] = r.count; });
-    set("reasons-hint", "window: " + w.total + " decisions");
-    C.hbars($("reasons-chart"), w.reasons.map(function (r) {
+    var windowed = {};
+    w.reasons.forEach(function (r) { windowed[r.reason] = r; });
+    var shown = w.total ? w : d.decisions.total;
+    set("reasons-hint", w.total ? "last " + w.total + " decisions (window)" : "since the counters began (nothing new in the window)");
+    C.hbars($("reasons-chart"), shown.reasons.map(function (r) {
       return { label: r.reason, value: r.share, color: r.routed ? COLORS.routed : (r.error ? COLORS.error : COLORS.fallback) };
-    }), { max: 1, format: pct, empty: "no decisions in the window" });
-    fill("reasons-table", w.reasons.map(function (r) {
+    }), { max: 1, format: pct, empty: "no decisions yet" });
+    fill("reasons-table", d.decisions.total.reasons.map(function (r) {
+      var win = windowed[r.reason];
       return node("tr", { "data-reason": r.reason }, [cell(r.reason),
         cell(badge(r.routed ? "routed" : (r.error ? "error" : "fallback"), r.routed ? "ok" : (r.error ? "bad" : ""))),
-        cell(r.count, { className: "num", "data-field": "count" }), cell(pct(r.share), { className: "num" }),
-        cell(totals[r.reason], { className: "num", "data-field": "total" })]);
+        cell(win ? win.count : 0, { className: "num", "data-field": "count" }), cell(win ? pct(win.share) : "–", { className: "num" }),
+        cell(r.count, { className: "num", "data-field": "total" })]);
     }));
   }
 
