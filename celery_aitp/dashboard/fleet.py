@@ -107,6 +107,16 @@ class CounterHistory:
         return out
 
 
+def recorded_rate(tail: StreamTail, now: float, span_s: float = RATE_WINDOW_S) -> float | None:
+    """Decisions per second from the decision records of the last ``span_s``.
+
+    Used only before two counter samples exist (a fresh dashboard, a first scrape); the
+    records may be sampled or capped, the counters are not, so counters win afterwards.
+    """
+    recent = [at for at, _ in tail.recent if at >= now - span_s]
+    return len(recent) / span_s
+
+
 def read_model(client: Any, key: str, now: float) -> dict[str, Any]:
     """Model metadata from the store's model hash, never the model text itself."""
     fields = [f for f in client.hkeys(key) if f not in _SKIPPED_MODEL_FIELDS]
@@ -201,7 +211,9 @@ class Fleet:
             at=now, store_ok=True, stage=stage.value, split=split.model_dump(mode="json"),
             stage_history=store.stage_history(20), workers=store.workers(),
             live_queues=store.live_queues(), counters=counts,
-            window_counters=self.history.window_delta(), decisions_per_s=self.history.rate(),
+            window_counters=self.history.window_delta(),
+            decisions_per_s=self.history.rate() if len(self.history.samples) > 1
+            else recorded_rate(self.decisions, now),
             rate_history=self.history.history(), model=model,
             observations=self.obs.records(), decisions=self.decisions.records(),
         )

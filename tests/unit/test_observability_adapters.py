@@ -76,3 +76,24 @@ def test_grafana_dashboard_is_importable_and_uses_exported_metrics(store):
                    "aitp_tenant_share", "aitp_fairness_index", "aitp_priority_entropy_bits",
                    "aitp_model_info"):
         assert family in used, family
+
+
+def test_readme_documents_every_metric_endpoint_and_option():
+    from pathlib import Path
+
+    from celery_aitp.dashboard.api import ENDPOINTS
+    from celery_aitp.dashboard.metrics import METRICS
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text("utf-8")
+    section = readme[readme.index("## Dashboard and metrics"):readme.index("## Shared state")]
+    for name in METRICS:
+        assert f"`{name}`" in section or f"`{name}`," in section, name
+        for label in METRICS[name][1]:
+            assert label in section, (name, label)
+    for endpoint in ENDPOINTS:
+        path = endpoint.split(" ", 1)[1].split("?")[0]
+        assert path in section, endpoint
+    for option in ("--port", "--address", "--basic-auth", "--url-prefix", "--read-only",
+                   "AITP_DASHBOARD_PORT", "AITP_DASHBOARD_ADDRESS", "AITP_DASHBOARD_BASIC_AUTH",
+                   "AITP_DASHBOARD_URL_PREFIX", "AITP_DASHBOARD_READ_ONLY", "/healthz", "/readyz"):
+        assert option in section, option
