@@ -96,11 +96,11 @@ class StreamTail:
 
     def records(self) -> list[dict[str, Any]]:
         """The records of the window, oldest first."""
-        return [doc for _, doc in self.recent]
+        return [doc for _, doc in list(self.recent)]  # list(): one atomic copy
 
     def find(self, field: str, value: str, scan_limit: int = 20_000) -> dict[str, Any] | None:
         """The newest record with ``field == value``: the window first, then the stream."""
-        for _, doc in reversed(self.recent):
+        for _, doc in reversed(list(self.recent)):  # the refresher may append meanwhile
             if doc.get(field) == value:
                 return doc
         with _translated():
