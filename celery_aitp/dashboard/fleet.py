@@ -20,7 +20,7 @@ from typing import Any
 from celery_aitp.dashboard.labels import Bounds
 from celery_aitp.dashboard.streams import StreamTail
 from celery_aitp.dashboard.totals import RunTotals
-from celery_aitp.errors import AitpError, StoreError
+from celery_aitp.errors import StoreError
 from celery_aitp.policy import Policy
 from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.queues import all_tier_queues, parse_tier_queue
@@ -28,8 +28,9 @@ from celery_aitp.store import RedisStore
 
 RATE_WINDOW_S = 60.0
 MAX_RECENT = 5000
-MAX_MODEL_FIELD = 4096
-_SKIPPED_MODEL_FIELDS = frozenset({b"text", b"model", b"booster", b"blob"})
+MAX_MODEL_FIELD = 65536
+#: Small fields of the model hash; the model texts (p50, p90, ...) are never read here.
+MODEL_FIELDS = ("version", "meta", "trained_at")
 
 
 @dataclass(frozen=True)
@@ -118,21 +119,22 @@ def recorded_rate(tail: StreamTail, now: float, span_s: float = RATE_WINDOW_S) -
 
 
 def read_model(client: Any, key: str, now: float) -> dict[str, Any]:
-    """Model metadata from the store's model hash, never the model text itself."""
-    fields = [f for f in client.hkeys(key) if f not in _SKIPPED_MODEL_FIELDS]
-    values = client.hmget(key, fields) if fields else []
+    """Model metadata from the store's model hash; never the model text (it can be MBs)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hmget(key, list(MODEL_FIELDS))
+    pipe.hlen(key)
+    values, n_fields = pipe.execute()
     info: dict[str, Any] = {}
-    for name, value in zip(fields, values, strict=True):
+    for name, value in zip(MODEL_FIELDS, values, strict=True):
         if value is None or len(value) > MAX_MODEL_FIELD:
             continue
         text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
         try:
-            parsed = json.loads(text)
+            info[name] = json.loads(text) if name != "version" else text
         except ValueError:
-            parsed = text
-        info[name.decode() if isinstance(name, bytes) else str(name)] = parsed
+            info[name] = text
     meta: dict[str, Any] = info["meta"] if isinstance(info.get("meta"), dict) else {}
-    version = info.get("version")
+    version = info.get("version", meta.get("version"))
     trained_at = info.get("trained_at", meta.get("trained_at"))
     trained = float(trained_at) if isinstance(trained_at, (int, float)) else None
     return {
@@ -140,8 +142,8 @@ def read_model(client: Any, key: str, now: float) -> dict[str, Any]:
         "version": None if version is None else str(version),
         "trained_at": trained,
         "age_s": None if trained is None else max(0.0, now - trained),
-        "meta": meta,
-        "fields": sorted(info),
+        "meta": {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool, dict))},
+        "fields": int(n_fields or 0),
     }
 
 
@@ -232,7 +234,7 @@ class Fleet:
             ops = self.queue_ops()
             depths = ops.depths(names)
             ages = ops.oldest_ages([q for q in names if depths.get(q)], now)
-        except (AitpError, OSError) as exc:
+        except Exception as exc:  # any adapter failure: show the rest, report the broker
             self._queue_ops = None  # try a fresh adapter next round
             rows = [self._queue_row(q, None, None, alive, snap.live_queues) for q in names]
             return replace(snap, queues=rows, broker_ok=False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import time
 from typing import Any
 
@@ -245,8 +246,15 @@ def test_readyz_reports_each_check_and_fails_without_the_store(store, ops):
     body = client.get("/readyz").json()
     assert body["status"] == "ready"
     assert body["checks"]["model"] == {"ok": True, "state": "cold_start"}
-    store.client.hset(store.keys.model, mapping={"version": "v7", "trained_at": time.time() - 60})
-    assert client.get("/readyz").json()["checks"]["model"]["state"] == "loaded"
+    store.client.hset(store.keys.model, "p50", "tree\n" * 50_000)  # a hash without a version
+    assert client.get("/readyz").json()["checks"]["model"]["state"] == "invalid"
+    assert client.get("/readyz").status_code == 503
+    meta = {"version": "v7", "trained_at": time.time() - 60, "records": 1200}
+    store.client.hset(store.keys.model, mapping={"version": "v7", "meta": json.dumps(meta)})
+    assert client.get("/readyz").json()["checks"]["model"] == {
+        "ok": True, "state": "loaded", "version": "v7"}
+    model = client.get("/api/overview").json()["model"]
+    assert model["age_s"] == pytest.approx(60, abs=5) and model["meta"]["records"] == 1200
     down = RedisStore(fakeredis.FakeRedis(server=fakeredis.FakeServer()), Keys("down"))
     down.client.connection_pool.connection_kwargs["server"].connected = False
     dead, _ = make_client(down, ops)
@@ -288,3 +296,18 @@ def test_metrics_parse_and_hold_every_family(client, store):
     assert stage == {"coexistence": 0, "split": 0, "takeover": 1}
     task_labels = {s.labels["task"] for s in families["aitp_prediction_error_seconds"].samples}
     assert task_labels <= set(TASKS) | {"other"}
+
+
+def test_a_failing_broker_adapter_leaves_the_rest_of_the_pages_working(store):
+    def broken() -> Any:
+        raise RuntimeError("broker adapter exploded")
+
+    policy = parse_policy(TEST_POLICY)
+    fleet = Fleet(store, policy, "default-q", broken, worker_ttl_s=10.0, refresh_s=0.0)
+    client = TestClient(create_app(Dashboard(DashboardConfig(), fleet, worker_ttl_s=10.0)))
+    data = client.get("/api/queues").json()
+    assert data["health"]["broker_ok"] is False and "exploded" in data["health"]["broker_error"]
+    assert all(q["depth"] is None for q in data["queues"])
+    assert client.get("/api/overview").status_code == 200
+    assert client.get("/metrics").status_code == 200
+    assert client.get("/readyz").json()["checks"]["broker"]["ok"] is False
