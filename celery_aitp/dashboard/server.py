@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from typing import Any
 
 import uvicorn
@@ -47,12 +48,12 @@ class BackgroundServer:
 
     def start(self, timeout_s: float = 10.0) -> BackgroundServer:
         self.thread.start()
-        deadline = threading.Event()
-        for _ in range(int(timeout_s / 0.05)):
-            if self.server.started:
-                return self
-            deadline.wait(0.05)
-        raise RuntimeError("dashboard did not start")
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("dashboard did not start")
+            time.sleep(0.05)
+        return self
 
     def stop(self) -> None:
         self.server.should_exit = True

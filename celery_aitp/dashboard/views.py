@@ -40,6 +40,7 @@ class Pages:
         self.version = version
         self.layout = _template("layout.html")
         self.bodies = {page: _template(f"{page}.html") for page in (*PAGES, "task")}
+        self.control = _template("stage_control.html")
 
     def _nav(self, active: str) -> str:
         prefix = self.config.url_prefix
@@ -59,7 +60,7 @@ class Pages:
             body = body.replace("<!--control-->", '<p class="note">Read-only mode: stage '
                                 "control is disabled.</p>")
         else:
-            body = body.replace("<!--control-->", self.bodies_control())
+            body = body.replace("<!--control-->", self.control)
         values = {
             "title": escape(title), "page": escape(page), "prefix": escape(self.config.url_prefix),
             "api": escape(api), "refresh_ms": str(int(self.config.refresh_s * 1000)),
@@ -74,6 +75,3 @@ class Pages:
         response.set_cookie(CSRF_COOKIE, token, httponly=False, samesite="strict",
                             path=self.config.url_prefix or "/")
         return response
-
-    def bodies_control(self) -> str:
-        return _template("stage_control.html")
