@@ -104,7 +104,7 @@ def _publish(proj: Any) -> None:
         args = (i, i) if task is proj.add else (i, 0.01)
         results.append(task.apply_async(args, headers=headers))
     for result in results:
-        result.get(timeout=60)
+        result.get(timeout=30)
 
 
 def _wait_for(predicate: Any, timeout_s: float = 20.0, what: str = "condition") -> None:
@@ -139,7 +139,11 @@ def system(redis_url: str) -> Iterator[System]:
             worker.start()
         _wait_for(lambda: "aitp.acme.cpu.hi" in mw.store.live_queues(), what="advertisement")
         mw.live.refresh()
-        _publish(proj)
+        try:
+            _publish(proj)
+        except Exception as exc:
+            logs = "\n".join(f"--- {w.name}\n{w.output()[-2500:]}" for w in workers)
+            raise AssertionError(f"tasks did not complete ({exc!r}):\n{logs}") from exc
         _push_orphaned_message(mw.store, ORPHAN, ORPHAN_AGE_S)
         mw.live.flush()
         obs = mw.store.keys.observations
