@@ -15,7 +15,11 @@ from celery_aitp.dashboard.config import DashboardConfig
 
 
 def make_server(middleware: Any, config: DashboardConfig, log_level: str = "warning") -> Any:
-    """A uvicorn Server for the app of ``middleware``; the caller runs it."""
+    """A uvicorn Server for the app of ``middleware``; the caller runs it.
+
+    Refuses (PolicyError) a non-loopback address without authentication, whoever calls.
+    """
+    config.check_exposure()
     dashboard = build_dashboard(middleware, config, version=__version__)
     app = create_app(dashboard)
     uv_config = uvicorn.Config(app, host=config.address, port=config.port, log_level=log_level,

@@ -63,3 +63,11 @@ def test_bad_values_are_named():
     with pytest.raises(PolicyError, match="--url-prefix"):
         normalise_prefix("a b")
     assert normalise_prefix("/") == "" and normalise_prefix("x/y/") == "/x/y"
+
+
+def test_the_server_itself_refuses_an_unauthenticated_public_address():
+    from celery_aitp.dashboard.config import DashboardConfig
+    from celery_aitp.dashboard.server import make_server
+
+    with pytest.raises(PolicyError, match="non-loopback"):
+        make_server(object(), DashboardConfig(address="0.0.0.0"))
