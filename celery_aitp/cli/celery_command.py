@@ -35,6 +35,7 @@ COMMANDS = (
     "celery_aitp.cli.status",
     "celery_aitp.cli.evacuate",
     "celery_aitp.cli.replay",
+    "celery_aitp.cli.dashboard",
 )
 
 
