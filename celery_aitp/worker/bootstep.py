@@ -18,7 +18,10 @@ from celery import bootsteps
 
 from celery_aitp.errors import PolicyError, StoreError
 from celery_aitp.policy import Policy
+from celery_aitp.priority_policy import TierOrder
 from celery_aitp.queues import tier_queue_name
+from celery_aitp.worker import tier_cycle
+from celery_aitp.worker.tier_cycle import queue_weights
 
 logger = logging.getLogger(__name__)
 
@@ -119,18 +122,28 @@ class AitpWorkerStep(bootsteps.StartStopStep):
             queues.add(self.middleware.queue(name))
         others = [] if self.plan.no_default_queue else list(queues.consume_from)
         queues.select(names + [q for q in others if q not in names])
-        # Tiers in order: read queues in the order given (no rotation), reserve at most
-        # one message per pool process, and in strict mode none beyond the running ones.
+        # Tiers in order: read queues by tier (weighted, so lower tiers keep a guaranteed
+        # share; or strictly), reserve at most one message per pool process, and in
+        # strict mode none beyond the running ones.
         worker.prefetch_multiplier = 1
         if str(app.conf.broker_url or "").startswith(("redis", "socket", "unix")):
             options = dict(app.conf.broker_transport_options or {})
-            options["queue_order_strategy"] = "priority"
+            options["queue_order_strategy"] = self._order_strategy(names)
             app.conf.broker_transport_options = options
         if strict:
             app.conf.task_acks_late = True
             for task in app.tasks.values():
                 task.acks_late = True
         logger.info("aitp: consuming %s", ", ".join(queues.consume_from))
+
+    def _order_strategy(self, names: list[str]) -> str:
+        """The kombu queue-order strategy for the policy's ``tier_order``."""
+        policy = self.middleware.policy
+        if policy.tier_order is TierOrder.STRICT:
+            return "priority"
+        weights, default = queue_weights(policy, names)
+        tier_cycle.configure(weights, default)
+        return tier_cycle.STRATEGY
 
     def start(self, worker: Any) -> None:
         from celery_aitp.worker.janitor import Janitor
