@@ -139,7 +139,11 @@ class ProfileSource:
         profiles = {t: p for t, p in previous.profiles.items() if t in index}
         fresh = profiles_store.read(changed, now, self.accelerators) if changed else {}
         gone = [t for t, p in fresh.items() if p is None]
-        profiles.update({t: p for t, p in fresh.items() if p is not None})
+        for task, found in fresh.items():
+            if found is None:
+                profiles.pop(task, None)
+            else:
+                profiles[task] = found
         profiles_store.forget(gone)
         seen = {t: s for t, s in index.items() if t not in gone}
         return ProfileBook(profiles, seen, now)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from math import log
 from typing import Any
 
 from celery_aitp.policy import Policy
@@ -24,7 +25,6 @@ from celery_aitp.publish.request import Decision, Request
 from celery_aitp.scheduling.factors import (
     age_factor,
     resource_demand,
-    runtime_factor,
     sla_factor,
     tenant_factor,
 )
@@ -39,20 +39,43 @@ class _Static:
     """The per-(task, tenant) part of the score."""
 
     __slots__ = ("declared", "profile", "tenant", "sla", "impact", "resources", "partial",
-                 "floor", "notes")
+                 "floor", "cap", "lowest", "names", "hint", "notes", "_placed")
 
-    def __init__(self, declared: Mapping[str, Any], profile: Any, tenant: float, sla: float,
-                 impact: float, resources: float, partial: float, floor: int | None,
+    def __init__(self, declared: Mapping[str, Any], profile: Any, factors: tuple[float, ...],
+                 partial: float, floor: int | None, cap: int, names: tuple[str, ...],
                  notes: tuple[str, ...]) -> None:
         self.declared = declared
         self.profile = profile
-        self.tenant = tenant
-        self.sla = sla
-        self.impact = impact
-        self.resources = resources
+        self.tenant, self.sla, self.impact, self.resources = factors
         self.partial = partial  # weighted tenant + sla + resources
         self.floor = floor
+        self.cap = cap
+        self.names = names
+        self.lowest = len(names) - 1
+        hint = declared.get("runtime_hint_s")
+        self.hint = hint if isinstance(hint, (int, float)) and not isinstance(hint, bool) \
+            else None
         self.notes = notes
+        self._placed: dict[tuple[int, bool], tuple[str, dict[str, Any]]] = {}
+
+    def place(self, by_score: int, demoted: bool) -> tuple[str, dict[str, Any]]:
+        """The tier and the steps that led to it (cached: a handful per task and tenant)."""
+        found = self._placed.get((by_score, demoted))
+        if found is None:
+            rank = by_score
+            if self.floor is not None and self.floor < rank:
+                rank = self.floor
+            if rank < self.cap:
+                rank = self.cap  # the tenant's max_tier: nothing raises a task above it
+            demoted = demoted and rank < self.lowest
+            if demoted:
+                rank += 1
+            names = self.names
+            steps = {"score": names[by_score],
+                     "floor": names[self.floor] if self.floor is not None else None,
+                     "cap": names[self.cap], "fair_share": demoted}
+            found = self._placed[(by_score, demoted)] = (names[rank], steps)
+        return found
 
 
 class PriorityStage:
@@ -68,10 +91,14 @@ class PriorityStage:
         self.settings = p
         self.weights = {f: float(getattr(p.weights, f)) for f in FACTORS}
         self.total = sum(self.weights.values())
+        self._w_impact = self.weights["impact"]
+        self._w_runtime = self.weights["runtime"]
+        self._w_age = self.weights["age"]
+        self._rt_low, self._rt_high = p.runtime_min_s, p.runtime_max_s
+        self._rt_span = log(p.runtime_max_s / p.runtime_min_s)
         self.names = policy.tier_names
         self.rank = {name: i for i, name in enumerate(self.names)}
         self.min_scores = policy.tier_min_scores()
-        self.lowest = len(self.names) - 1
         self.cap = {t: self.rank[s.max_tier] if s.max_tier else 0
                     for t, s in policy.tenants.items()}
         slas = [t.sla_s for t in policy.tiers]
@@ -130,12 +157,13 @@ class PriorityStage:
                                     p.memory_scale_mb, p.cpu_scale_cores)
         if p.favor_small:
             resources = 1.0 - resources
-        tenant_f = tenant_factor(self.cap.get(tenant, 0), len(self.names))
+        cap = self.cap.get(tenant, 0)
+        tenant_f = tenant_factor(cap, len(self.names))
         sla_f = sla_factor(sla, *self.sla_range)
         w = self.weights
         partial = w["tenant"] * tenant_f + w["sla"] * sla_f + w["resources"] * resources
-        return _Static(declared, profile, tenant_f, sla_f, impact, resources, partial, floor,
-                       tuple(notes))
+        return _Static(declared, profile, (tenant_f, sla_f, impact, resources), partial, floor,
+                       cap, self.names, tuple(notes))
 
     # --- per publish ----------------------------------------------------------------
 
@@ -154,59 +182,55 @@ class PriorityStage:
         headers = request.headers
         impact = static.impact
         if "aitp_labels" in headers:
-            if self.settings.header_labels:
-                impact = max(impact, self._label_impact(headers["aitp_labels"], decision.notes,
-                                                        "labels_invalid"))
-            else:
-                decision.notes.append("labels_ignored")
-        p = self.settings
+            impact = self._header_impact(headers["aitp_labels"], impact, decision)
         predicted = decision.predicted_p90_s
         if predicted is None:
             predicted = decision.predicted_runtime_s
             if predicted is None:
-                hint = request.declared.get("runtime_hint_s")
-                predicted = hint if isinstance(hint, (int, float)) else None
-        runtime = runtime_factor(predicted, p.runtime_min_s, p.runtime_max_s)
+                predicted = static.hint
+        runtime = self._runtime(predicted)
         now = decision.decided_at
-        origin = _origin(request, now)
-        decision.origin_at = origin
-        age = age_factor(now - origin, p.max_age_s)
-        w = self.weights
-        score = (static.partial + w["impact"] * impact + w["runtime"] * runtime
-                 + w["age"] * age) / self.total
-        self._place(decision, tenant, static, score, view)
+        age = 0.0
+        if request.retries:
+            origin = _origin(request, now)
+            decision.origin_at = origin
+            age = age_factor(now - origin, self.settings.max_age_s)
+        else:
+            decision.origin_at = now
+        score = (static.partial + self._w_impact * impact + self._w_runtime * runtime
+                 + self._w_age * age) / self.total
+        rank = 0
+        for threshold in self.min_scores:
+            if score >= threshold:
+                break
+            rank += 1
+        demoted = False
+        if self.fair_share:
+            usage = view.sources.get("usage")
+            demoted = usage is not None and tenant in usage.demoted
+        decision.tier, decision.tier_steps = static.place(rank, demoted)
+        decision.score = score
         decision.factors = {"tenant": static.tenant, "sla": static.sla, "impact": impact,
                             "resources": static.resources, "runtime": runtime, "age": age}
         cost = decision.predicted_runtime_s
         self.usage.pending.append((tenant, decision.tier,
                                    cost if cost is not None and cost >= 0 else self.default_cost))
 
-    def _place(self, decision: Decision, tenant: str, static: _Static, score: float,
-               view: View) -> None:
-        rank = 0
-        for threshold in self.min_scores:
-            if score >= threshold:
-                break
-            rank += 1
-        by_score = rank
-        floor = static.floor
-        if floor is not None and floor < rank:
-            rank = floor
-        cap = self.cap.get(tenant, 0)
-        if rank < cap:
-            rank = cap
-        demoted = False
-        if self.fair_share:
-            usage = view.sources.get("usage")
-            if usage is not None and tenant in usage.demoted and rank < self.lowest:
-                rank += 1
-                demoted = True
-        names = self.names
-        decision.tier = names[rank]
-        decision.score = score
-        decision.tier_steps = {"score": names[by_score],
-                               "floor": names[floor] if floor is not None else None,
-                               "cap": names[cap], "fair_share": demoted}
+    def _runtime(self, seconds: float | None) -> float:
+        """``scheduling.factors.runtime_factor`` with the policy's constants precomputed."""
+        if seconds is None or seconds != seconds:  # unknown (or NaN): neutral
+            return 0.5
+        if seconds <= self._rt_low:
+            return 1.0
+        if seconds >= self._rt_high:
+            return 0.0
+        return 1.0 - log(seconds / self._rt_low) / self._rt_span
+
+    def _header_impact(self, raw: Any, impact: float, decision: Decision) -> float:
+        if not self.settings.header_labels:
+            decision.notes.append("labels_ignored")
+            return impact
+        return max(impact, self._label_impact(raw, decision.notes, "labels_invalid"))
 
 
 def _origin(request: Request, now: float) -> float:

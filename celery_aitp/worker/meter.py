@@ -4,6 +4,8 @@
 later task of that pool process would look big. On Linux (4.0+), writing ``5`` to
 ``/proc/self/clear_refs`` resets the peak (``VmHWM`` in ``/proc/self/status``) to the
 current RSS; the meter does that when a run starts and reads ``VmHWM`` when it ends.
+The reset also resets what ``getrusage`` reports as ``ru_maxrss`` for the process, so
+the observation's ``peak_rss_mb`` becomes a per-run figure too where the meter runs.
 
 Limits (recorded in each observation as ``memory_scope``):
 
