@@ -21,7 +21,6 @@ from celery_aitp.policy import Policy
 from celery_aitp.priority_policy import TierOrder
 from celery_aitp.queues import tier_queue_name
 from celery_aitp.worker import tier_cycle
-from celery_aitp.worker.tier_cycle import queue_weights
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +108,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         self.plan = WorkerPlan(policy, aitp_tenant, aitp_accelerator, aitp_tiers,
                                aitp_no_default_queue)
         self.hostname = worker.hostname
+        self._follow_usage = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         if self.plan.enabled:
@@ -141,8 +141,8 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         policy = self.middleware.policy
         if policy.tier_order is TierOrder.STRICT:
             return "priority"
-        weights, default = queue_weights(policy, names)
-        tier_cycle.configure(weights, default)
+        tier_cycle.configure(tier_cycle.WeightPlan(policy, names))
+        self._follow_usage = True
         return tier_cycle.STRATEGY
 
     def start(self, worker: Any) -> None:
@@ -151,6 +151,10 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         self._stop.clear()
         if self.plan.enabled:
             self._spawn("aitp-advertise", self._advertise_loop)
+        if self._follow_usage:  # fair share on the reading side: see worker/tier_cycle.py
+            live = self.middleware.live
+            live.on_refresh(tier_cycle.follow_usage)
+            live.current()
         janitor = Janitor(self.middleware)
         self._spawn("aitp-janitor", lambda: janitor.run(self._stop))
 

@@ -18,6 +18,11 @@ higher tier costs nothing (the read goes to the next queue). A backlogged queue'
 stands still while the others' grow, so its rank rises with every read it waits: the
 effective priority of its oldest message rises with waiting time.
 
+Fair share on the worker side: while a tenant is above its fair share (the ``usage``
+source of the worker's live view, see :func:`follow_usage`), its queues are read with
+the weight of the tier below (below the lowest tier: a further ``1/8``). So demotion
+also applies to messages already queued before it, and to the lowest tier.
+
 **Bound.** Between two reads of a backlogged queue ``q`` (among ``m`` queues of total
 weight ``W``) there are at most ``G_q = ceil(W / w_q) + 2m`` reads of other queues; a
 message with ``k`` messages ahead of it in its queue is read within ``(k + 1) * (G_q +
@@ -33,7 +38,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from celery_aitp.policy import Policy
+from celery_aitp.policy import TIER_WEIGHT_RATIO, Policy
 from celery_aitp.queues import parse_tier_queue
 
 #: The strategy's dotted name, as ``queue_order_strategy`` takes it.
@@ -43,7 +48,34 @@ _RENORMALISE_AT = 1e6
 
 _lock = threading.Lock()
 _weights: dict[str, float] = {}
+_demoted_weights: dict[str, float] = {}
+_tenant_of: dict[str, str] = {}
+_demoted: frozenset[str] = frozenset()
 _default_weight = 1.0
+
+
+class WeightPlan:
+    """Read weights of a worker's queues, normal and while their tenant is demoted."""
+
+    def __init__(self, policy: Policy, queues: Iterable[str]) -> None:
+        tiers = policy.tier_weights()
+        names = policy.tier_names
+        below = {name: tiers[names[i + 1]] if i + 1 < len(names)
+                 else tiers[name] / TIER_WEIGHT_RATIO for i, name in enumerate(names)}
+        self.weights: dict[str, float] = {}
+        self.demoted: dict[str, float] = {}
+        self.tenants: dict[str, str] = {}
+        self.default = min(tiers.values())
+        for queue in queues:
+            parsed = parse_tier_queue(queue)
+            if parsed is None or parsed[2] not in tiers:
+                continue
+            tenant, _, tier = parsed
+            spec = policy.tenants.get(tenant)
+            share = spec.weight if spec else 1.0
+            self.weights[queue] = tiers[tier] * share
+            self.demoted[queue] = below[tier] * share
+            self.tenants[queue] = tenant
 
 
 def queue_weights(policy: Policy, queues: Iterable[str]) -> tuple[dict[str, float], float]:
@@ -51,28 +83,45 @@ def queue_weights(policy: Policy, queues: Iterable[str]) -> tuple[dict[str, floa
 
     ``weight(aitp.<tenant>.<acc>.<tier>) = tier weight * tenant fair-share weight``.
     """
-    tiers = policy.tier_weights()
-    out: dict[str, float] = {}
-    for name in queues:
-        parsed = parse_tier_queue(name)
-        if parsed is None:
-            continue
-        tenant, _, tier = parsed
-        spec = policy.tenants.get(tenant)
-        out[name] = tiers.get(tier, min(tiers.values())) * (spec.weight if spec else 1.0)
-    return out, min(tiers.values())
+    plan = WeightPlan(policy, queues)
+    return plan.weights, plan.default
 
 
-def configure(weights: Mapping[str, float], default: float = 1.0) -> None:
+def configure(plan: WeightPlan | Mapping[str, float], default: float = 1.0) -> None:
     """Set the weights every :class:`WeightedTierCycle` of this process uses (bootstep)."""
-    global _default_weight
+    global _default_weight, _demoted
     with _lock:
         _weights.clear()
-        _weights.update(weights)
-        _default_weight = float(default)
+        _demoted_weights.clear()
+        _tenant_of.clear()
+        if isinstance(plan, WeightPlan):
+            _weights.update(plan.weights)
+            _demoted_weights.update(plan.demoted)
+            _tenant_of.update(plan.tenants)
+            _default_weight = plan.default
+        else:
+            _weights.update(plan)
+            _default_weight = float(default)
+        _demoted = frozenset()
+
+
+def set_demoted(tenants: frozenset[str]) -> None:
+    """Tenants above their fair share right now (their queues read one tier lower)."""
+    global _demoted
+    _demoted = frozenset(tenants)
+
+
+def follow_usage(view: Any) -> None:
+    """A live-view listener: keep :func:`set_demoted` in step with the ``usage`` source."""
+    usage = view.sources.get("usage")
+    demoted = getattr(usage, "demoted", None)
+    if isinstance(demoted, frozenset) and demoted != _demoted:
+        set_demoted(demoted)
 
 
 def weight_of(queue: str) -> float:
+    if _demoted and _tenant_of.get(queue) in _demoted:
+        return _demoted_weights.get(queue, _default_weight)
     return _weights.get(queue, _default_weight)
 
 

@@ -116,6 +116,24 @@ def test_queue_weights_are_tier_weight_times_tenant_weight():
     assert explicit.tier_weights() == {"hi": 3, "lo": 1}
 
 
+def test_a_demoted_tenant_is_read_one_tier_lower_until_it_is_back_under():
+    policy = parse_policy({"tenants": {"a": {}, "b": {}, "default": {}}})
+    names = ["aitp.a.cpu.mid", "aitp.b.cpu.mid", "aitp.a.cpu.lo", "aitp.b.cpu.lo"]
+    tier_cycle.configure(tier_cycle.WeightPlan(policy, names))
+    cycle = WeightedTierCycle(names)
+    queues = {q: deque(range(1000)) for q in names}
+    even = Counter(brpop(cycle, queues) for _ in range(180))
+    assert even["aitp.a.cpu.mid"] == even["aitp.b.cpu.mid"] == 80
+    view = type("V", (), {"sources": {"usage": type("U", (), {"demoted": frozenset({"a"})})}})
+    tier_cycle.follow_usage(view)
+    assert tier_cycle.weight_of("aitp.a.cpu.mid") == 1.0  # lo's weight
+    assert tier_cycle.weight_of("aitp.a.cpu.lo") == 1.0 / 8  # below the lowest tier
+    demoted = Counter(brpop(cycle, queues) for _ in range(1018))
+    assert demoted["aitp.b.cpu.mid"] >= 8 * demoted["aitp.a.cpu.mid"] - 8
+    tier_cycle.set_demoted(frozenset())
+    assert tier_cycle.weight_of("aitp.a.cpu.mid") == 8.0
+
+
 def test_longest_wait_formula():
     # lo: W / w = 73, m = 3 -> gap 79; one message ahead -> 2 * 80 reads; 2 processes, 1 s
     assert longest_wait_s(WEIGHTS, "aitp.a.cpu.lo", 1, 2, 1.0) == (math.ceil(160 / 2) + 1) * 1.0
