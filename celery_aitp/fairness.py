@@ -85,4 +85,4 @@ def tier_entropy(counts: Mapping[str, float], tiers: Iterable[str] | None = None
     if total <= 0 or len(names) < 2:
         return None
     h = -sum((v / total) * math.log(v / total) for v in values if v > 0)
-    return h / math.log(len(names))
+    return max(0.0, h / math.log(len(names)))
