@@ -105,7 +105,7 @@ class Middleware:
     @cached_property
     def decision_log(self) -> DecisionLog:
         """The decisions stream, indexed by task id (``celery aitp explain``)."""
-        return DecisionLog(self.store, self.settings.decision_maxlen)
+        return DecisionLog(self.store, self.settings.decision_maxlen, self.policy_digest)
 
     @cached_property
     def policy_recorder(self) -> PolicyRecorder:
@@ -217,9 +217,7 @@ class Middleware:
         headers = dict(headers) if isinstance(headers, Mapping) else {}
         headers["aitp"] = decision.header()
         options["headers"] = headers
-        record = decision.record()
-        record["policy"] = self.policy_digest
-        self.live.buffer(self.store.keys.decisions).add(record)
+        self.live.buffer(self.store.keys.decisions).add(decision.record())
         counters = self.counters
         # decisions:<stage>:<tenant>:<tier>:<accelerator>:<reason> (bounded by the policy;
         # the reason goes last because 'error:<Type>' contains the separator)

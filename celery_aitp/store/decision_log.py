@@ -9,6 +9,8 @@ same atomic script an index learns where each task's latest decision is:
 
 So the index never holds more entries than the stream keeps (``aitp_decision_maxlen``,
 about 100 bytes each), and a lookup is two commands, whatever the stream's length.
+Each record is stamped with the digest of the policy that decided it (``policy``),
+here in the refresher thread rather than on the publish path.
 """
 
 from __future__ import annotations
@@ -48,21 +50,26 @@ _CHUNK = 1000
 class DecisionLog:
     """Append decision records (indexed by task id) and find one by task id."""
 
-    def __init__(self, store: RedisStore, maxlen: int) -> None:
+    def __init__(self, store: RedisStore, maxlen: int, policy_digest: str | None = None) -> None:
         self.store = store
         self.maxlen = maxlen
+        self.policy_digest = policy_digest
         self.stream = store.keys.decisions
         self.index = store.keys.any("decisions", "index")
         self.order = store.keys.any("decisions", "order")
         self._script = store.client.register_script(_APPEND)
 
-    def append(self, records: Iterable[Mapping[str, Any]]) -> int:
-        """Write records in batches of 1000 (one script call each); raises StoreError."""
+    def append(self, records: Iterable[Any]) -> int:
+        """Write records (dicts, or decisions with ``record()``) in batches of 1000, one
+        script call each; raises StoreError."""
         batch: list[str] = []
         n = 0
         with _translated():
             pipe = self.store.client.pipeline(transaction=False)
-            for record in records:
+            for item in records:
+                record = _as_record(item)
+                if self.policy_digest is not None:
+                    record.setdefault("policy", self.policy_digest)
                 task_id = record.get("task_id")
                 batch += [str(task_id) if task_id else "", json.dumps(record, default=str)]
                 n += 1
@@ -95,3 +102,9 @@ class DecisionLog:
     def size(self) -> int:
         with _translated():
             return int(self.store.client.hlen(self.index))
+
+
+def _as_record(item: Any) -> dict[str, Any]:
+    if isinstance(item, Mapping):
+        return dict(item)
+    return dict(item.record())
