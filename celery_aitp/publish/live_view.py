@@ -163,8 +163,12 @@ class LiveView:
                           view.model_version, view.fetched_at, MappingProxyType(values))
 
     def on_refresh(self, listener: Listener) -> None:
-        """Call ``listener(view)`` after every successful refresh (e.g. model reload)."""
-        self._listeners.append(listener)
+        """Call ``listener(view)`` after every successful refresh (e.g. model reload).
+
+        Registering the same listener again does nothing.
+        """
+        if listener not in self._listeners:
+            self._listeners.append(listener)
 
     def add_flusher(self, flusher: Flusher) -> None:
         """Call ``flusher(store)`` in every flush; it keeps its batch if it raises."""
