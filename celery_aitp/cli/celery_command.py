@@ -36,6 +36,7 @@ COMMANDS = (
     "celery_aitp.cli.evacuate",
     "celery_aitp.cli.explain",
     "celery_aitp.cli.policy_history",
+    "celery_aitp.cli.dashboard",
 )
 
 
