@@ -35,6 +35,8 @@ COMMANDS = (
     "celery_aitp.cli.status",
     "celery_aitp.cli.evacuate",
     "celery_aitp.cli.replay",
+    "celery_aitp.cli.explain",
+    "celery_aitp.cli.policy_history",
     "celery_aitp.cli.dashboard",
 )
 
