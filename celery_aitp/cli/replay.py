@@ -95,8 +95,9 @@ def replay_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--workers", default=None,
                      help="Slots per accelerator class, e.g. cpu=4,gpu=1 (default: as "
                           "recorded: the most runs that overlapped per class)."),
-        click.option("--consumption", default="priority", show_default=True,
-                     help="Workers' queue order strategy: a kombu cycle name or module:Class."),
+        click.option("--consumption", default="policy", show_default=True,
+                     help="Workers' queue order: 'policy' (as the policy's tier_order makes "
+                          "workers read), or a kombu strategy name or module:Class."),
         click.option("--overhead-ms", default=DEFAULT_OVERHEAD_S * 1000, show_default=True,
                      help="Slot time per run beyond its runtime (ack, next fetch)."),
         click.option("--report", "report", default="aitp-replay.html", show_default=True,
@@ -117,10 +118,11 @@ def config_for(trace: Trace, workers: str | None, consumption: str, overhead_ms:
     except ValueError as exc:
         fail(str(exc))
     try:
-        cycle_by_name(consumption)
+        if consumption != "policy":
+            cycle_by_name(consumption)
     except (ImportError, AttributeError, ValueError):
-        fail(f"--consumption: {consumption!r} is neither a kombu queue order strategy "
-             "(priority, round_robin, sorted) nor an importable module:Class")
+        fail(f"--consumption: {consumption!r} is neither 'policy', a kombu queue order "
+             "strategy (priority, round_robin, sorted) nor an importable module:Class")
     if overhead_ms < 0:
         fail("--overhead-ms: must be >= 0")
     return ReplayConfig(slots=slots, default_queue=default_queue, overhead_s=overhead_ms / 1000,

@@ -6,7 +6,8 @@ capability swaps one entry (for example the LightGBM predictor for ``predict``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from celery_aitp.policy import Policy
 from celery_aitp.publish.live_view import Source, View
@@ -19,12 +20,13 @@ from celery_aitp.publish.stages import GateStage, PublishStage, RouteStage, Tena
 STAGE_ORDER = ("tenant", "features", "predict", "profile", "priority", "route", "gate")
 
 
-def default_stages(policy: Policy, profile_refresh_s: float = 10.0) -> dict[str, PublishStage]:
-    """The stages every deployment starts with."""
+def default_stages(policy: Policy, profile_refresh_s: float = 10.0,
+                   clock: Callable[[], float] = time.time) -> dict[str, PublishStage]:
+    """The stages every deployment starts with; ``clock`` is simulated time in a replay."""
     return {
         "tenant": TenantStage(policy),
-        "profile": ProfileStage(policy, profile_refresh_s),
-        "priority": PriorityStage(policy),
+        "profile": ProfileStage(policy, profile_refresh_s, clock),
+        "priority": PriorityStage(policy, clock),
         "route": RouteStage(),
         "gate": GateStage(),
     }

@@ -15,9 +15,10 @@ from celery_aitp.replay.runner import PipelineFactory, PolicyUnderTest
 from celery_aitp.store import Keys, RedisStore, connect
 
 
-def default_pipeline(policy: Policy, clock: Callable[[], float]) -> Pipeline:
+def default_pipeline(policy: Policy, clock: Callable[[], float],
+                     profile_refresh_s: float = 10.0) -> Pipeline:
     """A fresh pipeline of the product's default stages for ``policy``, on ``clock``."""
-    return Pipeline(default_stages(policy))  # stages take no clock yet
+    return Pipeline(default_stages(policy, profile_refresh_s, clock))
 
 
 def pipeline_factory(policy: Policy) -> PipelineFactory:
@@ -29,7 +30,7 @@ def app_pipeline_factory(mw: Any) -> PipelineFactory:
     (``use_stage``), used as they are."""
 
     def build(clock: Callable[[], float]) -> Pipeline:
-        pipeline = default_pipeline(mw.policy, clock)
+        pipeline = default_pipeline(mw.policy, clock, mw.settings.profile_refresh_s)
         defaults = {s.name: s for s in pipeline.stages}
         for stage in mw.pipeline.stages:
             default = defaults.get(stage.name)

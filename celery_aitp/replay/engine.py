@@ -156,6 +156,8 @@ class _Run:
 
     def slot_freed(self, w: int, now: float) -> None:
         self.free[w] += 1
+        if self.free[w] == 1 and not self.static[w]:
+            self.orders[w] = self._order(w)  # no read was pending: a new BRPOP, a new order
         for dq in self.orders[w]:
             if dq:
                 task = dq.popleft()

@@ -13,9 +13,9 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
-from celery_aitp.publish.live_view import Source
+from celery_aitp.publish.live_view import Source, View
 from celery_aitp.store import RedisStore
 
 logger = logging.getLogger(__name__)
@@ -23,12 +23,28 @@ logger = logging.getLogger(__name__)
 StoreFactory = Callable[[], RedisStore]
 
 
+class WorkerSide(Protocol):
+    """What a worker does with each finished run besides the observation record (e.g. the
+    run ledger: profiles and observed usage); flushed to the store every refresh."""
+
+    def add(self, record: Mapping[str, Any]) -> None: ...
+
+    def flush(self, store: RedisStore) -> None: ...
+
+
+Listener = Callable[[View], None]
+
+
 class SourceFeed:
     """Values of the pipeline's sources, refreshed as simulated time passes."""
 
     def __init__(self, sources: Sequence[Source], store_factory: StoreFactory | None = None,
-                 interval_s: float = 1.0, observation_maxlen: int = 200_000) -> None:
+                 interval_s: float = 1.0, observation_maxlen: int = 200_000,
+                 worker_side: Sequence[WorkerSide] = (),
+                 listeners: Sequence[Listener] = ()) -> None:
         self.sources = list(sources)
+        self.worker_side = list(worker_side)
+        self.listeners = list(listeners)
         self.values: Mapping[str, Any] = MappingProxyType({s.name: s.initial for s in sources})
         self.interval_s = interval_s
         self.observation_maxlen = observation_maxlen
@@ -49,6 +65,8 @@ class SourceFeed:
         """A simulated run, as a worker would record it (shipped at the next refresh)."""
         if self.active:
             self._pending.append(record)
+            for part in self.worker_side:
+                part.add(record)
 
     def store(self) -> RedisStore:
         if self._store is None:
@@ -64,6 +82,8 @@ class SourceFeed:
             store.append_records(store.keys.observations, self._pending,
                                  self.observation_maxlen)
             self._pending = []
+        for part in self.worker_side:
+            part.flush(store)
         values = dict(self.values)
         for source in self.sources:
             try:
@@ -72,3 +92,8 @@ class SourceFeed:
                 self.errors += 1
                 logger.warning("aitp replay: source %s failed: %r", source.name, exc)
         self.values = MappingProxyType(values)
+
+    def notify(self, view: View) -> None:
+        """What the workers' live-view listeners do after a refresh (e.g. follow usage)."""
+        for listener in self.listeners:
+            listener(view)

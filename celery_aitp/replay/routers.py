@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from celery_aitp.policy import Policy, Stage
@@ -52,9 +53,22 @@ class OraclePredictStage:
                 decision.prediction_source = "oracle"
 
 
+_RECORDED: dict[tuple[str, Any, Any], Mapping[str, Any]] = {}
+
+
 def recorded_declarations(task: str, record: Mapping[str, Any]) -> Mapping[str, Any]:
-    """Without an app the declarations are unknown: use what the record ran with."""
-    return {k: record[k] for k in ("accelerator", "tier") if record.get(k)}
+    """Without an app the declarations are unknown: use what the record ran with.
+
+    The same object for the same values, as an app's declaration is (stages cache on it).
+    """
+    key = (task, record.get("accelerator"), record.get("tier"))
+    found = _RECORDED.get(key)
+    if found is None:
+        if len(_RECORDED) > 10_000:
+            _RECORDED.clear()
+        found = _RECORDED[key] = MappingProxyType(
+            {k: record[k] for k in ("accelerator", "tier") if record.get(k)})
+    return found
 
 
 def policy_workers(policy: Policy, slots: Mapping[str, int], default_queue: str,
@@ -103,6 +117,7 @@ class PipelineRouter:
         n = len(trace)
         self.tiers: list[str] = [""] * n
         self.accelerators: list[str] = [""] * n
+        self.queues: list[str] = [""] * n
         self.reasons: dict[str, int] = {}
 
     def view(self, now: float) -> View:
@@ -112,6 +127,7 @@ class PipelineRouter:
             v = self._view
             self._view = View(v.live_queues, v.stage, v.split, True, v.model_version,
                               now, self.feed.values)
+            self.feed.notify(self._view)
         return self._view
 
     def request(self, i: int, now: float) -> Request:
@@ -134,9 +150,9 @@ class PipelineRouter:
         self.tiers[i] = decision.tier
         self.accelerators[i] = decision.accelerator or self.policy.default_accelerator
         self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
-        if decision.routed and decision.queue:
-            return decision.queue, 0, decision.tier  # the middleware publishes at priority 0
-        return self.default_queue, 0, decision.tier
+        queue = decision.queue if decision.routed and decision.queue else self.default_queue
+        self.queues[i] = queue
+        return queue, 0, decision.tier  # the middleware publishes routed tasks at priority 0
 
 
 class FifoRouter:

@@ -26,6 +26,9 @@ from celery_aitp.replay.routers import (
     recorded_declarations,
 )
 from celery_aitp.replay.trace import Trace
+from celery_aitp.telemetry.counters import Counters
+from celery_aitp.worker import tier_cycle
+from celery_aitp.worker.ledger import RunLedger
 
 #: Slot time each run costs beyond its measured runtime (ack, result, next BRPOP).
 DEFAULT_OVERHEAD_S = 0.002
@@ -83,23 +86,29 @@ class ReplayConfig:
     slots: Mapping[str, int]
     default_queue: str = "celery"
     overhead_s: float = DEFAULT_OVERHEAD_S
-    strategy: str = "priority"
+    strategy: str = "policy"  # as the workers would read: the policy's tier_order
     declarations: Declarations = recorded_declarations
     store_factory: StoreFactory | None = None
     refresh_interval_s: float = 1.0
 
 
-def _observation(router: PipelineRouter, i: int, started: float, finished: float,
-                 runtime: float) -> dict[str, Any]:
-    record = router.records[i]
-    return {
-        "task": record["task"], "task_id": record["task_id"], "tenant": record["tenant"],
-        "tier": router.tiers[i], "accelerator": router.accelerators[i],
-        "args": record["args"], "kwargs": record["kwargs"],
-        "published_at": record["published_at"], "started_at": started,
-        "wait_s": started - record["published_at"], "runtime_s": runtime,
-        "outcome": record.get("outcome") or "SUCCESS", "retries": record.get("retries") or 0,
-    }
+def _observation(router: PipelineRouter, i: int, started: float) -> dict[str, Any]:
+    """The recorded run as the simulated worker records it: its measures, the new route."""
+    record = dict(router.records[i])
+    record.update(tier=router.tiers[i], accelerator=router.accelerators[i],
+                  queue=router.queues[i], started_at=started,
+                  wait_s=started - record["published_at"])
+    return record
+
+
+def consumption(policy: Policy, queues: Sequence[str], requested: str) -> tuple[str, bool]:
+    """(kombu strategy, follows usage): ``policy`` means as the policy's workers read."""
+    if requested == "policy":
+        return tier_cycle.strategy_for(policy, queues)
+    if requested == tier_cycle.STRATEGY:
+        tier_cycle.configure(tier_cycle.WeightPlan(policy, queues))
+        return requested, True
+    return requested, False
 
 
 class Replay:
@@ -116,12 +125,11 @@ class Replay:
         engine = Engine(workers, self.config.overhead_s)
         hook = None
         if feed is not None and feed.active:
-            runtime = self.trace.runtime
             clock = clock or SimClock()
 
             def hook(i: int, started: float, finished: float) -> None:
                 clock.now = finished
-                feed.observe(_observation(router, i, started, finished, runtime[i]))
+                feed.observe(_observation(router, i, started))
 
         return engine.run(self.trace.published, self.trace.runtime, router, hook)
 
@@ -132,8 +140,14 @@ class Replay:
         pipeline = test.build(clock)
         if oracle:
             pipeline = pipeline.replace("predict", OraclePredictStage())
-        workers = policy_workers(test.policy, cfg.slots, cfg.default_queue, cfg.strategy)
-        feed = SourceFeed(pipeline.sources(), cfg.store_factory, cfg.refresh_interval_s)
+        workers = policy_workers(test.policy, cfg.slots, cfg.default_queue)
+        strategy, follows = consumption(test.policy, [q for w in workers for q in w.queues],
+                                        cfg.strategy)
+        for worker in workers:
+            worker.strategy = strategy
+        feed = SourceFeed(pipeline.sources(), cfg.store_factory, cfg.refresh_interval_s,
+                          worker_side=[RunLedger(test.policy, Counters(), clock)],
+                          listeners=[tier_cycle.follow_usage] if follows else [])
         router = PipelineRouter(self.trace, pipeline, test.policy, workers, cfg.default_queue,
                                 cfg.declarations, oracle=oracle, feed=feed, clock=clock)
         return self._simulate(workers, router, feed, clock), router
