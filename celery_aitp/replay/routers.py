@@ -123,12 +123,16 @@ class PipelineRouter:
     def view(self, now: float) -> View:
         """The simulated snapshot, with sources refreshed on the simulated clock."""
         if self.feed.due(now):
-            self.feed.refresh(now)
-            v = self._view
-            self._view = View(v.live_queues, v.stage, v.split, True, v.model_version,
-                              now, self.feed.values)
-            self.feed.notify(self._view)
+            self.refresh(now)
         return self._view
+
+    def refresh(self, now: float) -> None:
+        """One refresh round at ``now``: ship runs, fetch sources, tell the workers."""
+        self.feed.refresh(now)
+        v = self._view
+        self._view = View(v.live_queues, v.stage, v.split, True, v.model_version, now,
+                          self.feed.values)
+        self.feed.notify(self._view)
 
     def request(self, i: int, now: float) -> Request:
         record = self.records[i]

@@ -130,8 +130,13 @@ class Replay:
             def hook(i: int, started: float, finished: float) -> None:
                 clock.now = finished
                 feed.observe(_observation(router, i, started))
+                if feed.due(finished):
+                    router.refresh(finished)
 
-        return engine.run(self.trace.published, self.trace.runtime, router, hook)
+        outcome = engine.run(self.trace.published, self.trace.runtime, router, hook)
+        if hook is not None and clock is not None:
+            router.refresh(clock.now)  # ship the last runs, as a worker does at shutdown
+        return outcome
 
     def policy_run(self, test: PolicyUnderTest, oracle: bool = False
                    ) -> tuple[Outcome, PipelineRouter]:
