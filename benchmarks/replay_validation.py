@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             trace = load_jsonl(args.results / trace_name(run))
             console.print(f"[bold]{run}[/bold] run's trace; slots: benchmark {SLOTS}, "
                           f"inferred {infer_slots(trace)}")
+            config.count_from = measured["runs"][run]["measured_from"]  # after the warm-up
             report = args.results / "replay-report.html" if run == "aitp" \
                 else Path(scratch) / f"replay-{run}.html"
             result = execute(trace, trace_name(run), policies_for_app(mw, []), config, report)

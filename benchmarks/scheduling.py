@@ -235,14 +235,16 @@ class Bench:
         want = len(self.items) - measured.lost
         deadline = time.monotonic() + timeout_s
         records: list[dict[str, Any]] = []
+        every: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
-            records = [r for r in store.read_records(store.keys.observations)
-                       if str(r.get("task_id", "")).startswith(id_prefix)]
+            every = store.read_records(store.keys.observations)
+            records = [r for r in every if str(r.get("task_id", "")).startswith(id_prefix)]
             if len(records) >= want:
                 break
             time.sleep(0.5)
-        records.sort(key=lambda r: (r.get("published_at") or 0.0))
-        measured.observations = records
+        # the trace keeps the warm-up runs too: their usage and profiles shaped the decisions
+        every.sort(key=lambda r: (r.get("published_at") or 0.0))
+        measured.observations = every
         for r in records:
             reason = str(r.get("reason"))
             measured.reasons[reason] = measured.reasons.get(reason, 0) + 1
@@ -342,6 +344,7 @@ def write_outputs(out: Path, bench: Bench, runs: dict[str, Measured], all_stats:
                    "warmup_s": args.warmup, "slots": SLOTS, "tasks": len(bench.items),
                    "offered_load": offered_load(bench.items, args.duration)},
         "runs": {st.run: {"jain": st.jain, "lost": st.lost,
+                          "measured_from": min(runs[st.run].published),
                           "groups": [g.__dict__ for g in st.groups],
                           "reasons": runs[st.run].reasons, "notes": runs[st.run].notes}
                  for st in all_stats},

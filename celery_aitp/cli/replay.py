@@ -51,11 +51,14 @@ def print_stats(stats: Sequence[RunStats], found: Sequence[Target]) -> None:
         console.print(f"{t.name}: {t.value:.3f} (target <= {t.limit:g}) {verdict}")
 
 
-def series_of(result: ReplayResult) -> list[RunSeries]:
-    labels = result.run(result.runs[0].name).outcome
-    tiers = [labels.label_of(i) for i in range(len(result.trace))]
-    return [RunSeries(r.name, result.trace.published, r.outcome.started, tiers)
-            for r in result.runs]
+def series_of(result: ReplayResult, count_from: float | None = None) -> list[RunSeries]:
+    """The runs for the plots (only the runs that count, after any warm-up)."""
+    first = result.runs[0].outcome
+    published = result.trace.published
+    keep = [i for i in range(len(published)) if count_from is None or published[i] >= count_from]
+    tiers = [first.label_of(i) for i in keep]
+    return [RunSeries(r.name, [published[i] for i in keep], [r.outcome.started[i] for i in keep],
+                      tiers) for r in result.runs]
 
 
 def report_meta(result: ReplayResult, source: str, config: ReplayConfig) -> list[str]:
@@ -66,6 +69,10 @@ def report_meta(result: ReplayResult, source: str, config: ReplayConfig) -> list
             f"simulated workers (slots per accelerator class): {slots}; consumption "
             f"'{config.strategy}'; overhead per run {config.overhead_s * 1000:g} ms",
             "tiers: every run is grouped by the tier the first policy gives each task"]
+    if config.count_from is not None:
+        skipped = sum(1 for p in trace.published if p < config.count_from)
+        meta.append(f"warm-up: the first {config.count_from - trace.published[0]:.0f}s "
+                    f"({skipped} runs) simulated, not counted")
     for run in result.runs:
         if run.reasons:
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(run.reasons.items()))
@@ -82,7 +89,8 @@ def execute(trace: Trace, source: str, tests: list[PolicyUnderTest], config: Rep
     meta = report_meta(result, source, config)
     tier_order = result.tier_order
     report.write_text(html_report("celery_aitp replay", meta, [r.stats for r in result.runs],
-                                  result.targets, series_of(result), tier_order))
+                                  result.targets, series_of(result, config.count_from),
+                                  tier_order))
     console.print(f"{meta[0]}\nreport: {report} ({time.monotonic() - started:.1f}s)")
     return result
 
@@ -100,6 +108,9 @@ def replay_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           "workers read), or a kombu strategy name or module:Class."),
         click.option("--overhead-ms", default=DEFAULT_OVERHEAD_S * 1000, show_default=True,
                      help="Slot time per run beyond its runtime (ack, next fetch)."),
+        click.option("--count-from-s", "count_from_s", default=0.0, show_default=True,
+                     help="Simulate but do not count runs published in the first SECONDS of "
+                          "the trace (a warm-up while fair-share usage and profiles build)."),
         click.option("--report", "report", default="aitp-replay.html", show_default=True,
                      type=click.Path(dir_okay=False, path_type=Path), help="HTML report path."),
     ]
@@ -110,7 +121,7 @@ def replay_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def config_for(trace: Trace, workers: str | None, consumption: str, overhead_ms: float,
                declarations: Declarations, default_queue: str = "celery",
-               default_accelerator: str = "cpu") -> ReplayConfig:
+               default_accelerator: str = "cpu", count_from_s: float = 0.0) -> ReplayConfig:
     from kombu.utils.scheduling import cycle_by_name
 
     try:
@@ -125,8 +136,11 @@ def config_for(trace: Trace, workers: str | None, consumption: str, overhead_ms:
              "strategy (priority, round_robin, sorted) nor an importable module:Class")
     if overhead_ms < 0:
         fail("--overhead-ms: must be >= 0")
+    if count_from_s < 0 or count_from_s > trace.span_s:
+        fail(f"--count-from-s: must be >= 0 and within the trace ({trace.span_s:.0f}s)")
     return ReplayConfig(slots=slots, default_queue=default_queue, overhead_s=overhead_ms / 1000,
-                        strategy=consumption, declarations=declarations)
+                        strategy=consumption, declarations=declarations,
+                        count_from=trace.published[0] + count_from_s if count_from_s else None)
 
 
 def _load(path: str) -> Trace:
@@ -146,7 +160,8 @@ def _load(path: str) -> Trace:
 @replay_options
 @click.pass_context
 def command(ctx: click.Context, trace: str | None, policy: str | None, versus: tuple[str, ...],
-            workers: str | None, consumption: str, overhead_ms: float, report: Path) -> None:
+            workers: str | None, consumption: str, overhead_ms: float, count_from_s: float,
+            report: Path) -> None:
     """Replay TRACE (a JSON-lines file; default: the store's observations) under a policy."""
     from celery_aitp.cli.celery_command import middleware_of
     from celery_aitp.replay.app import app_declarations, embedded_stores, policies_for_app
@@ -164,7 +179,8 @@ def command(ctx: click.Context, trace: str | None, policy: str | None, versus: t
     if not len(loaded):
         fail(f"{source}: no replayable records ({loaded.skipped_summary()})")
     config = config_for(loaded, workers, consumption, overhead_ms, app_declarations(mw),
-                        str(mw.app.conf.task_default_queue), mw.policy.default_accelerator)
+                        str(mw.app.conf.task_default_queue), mw.policy.default_accelerator,
+                        count_from_s)
     with embedded_stores() as stores:
         config.store_factory = stores
         execute(loaded, source, tests, config, report)
@@ -176,7 +192,8 @@ def command(ctx: click.Context, trace: str | None, policy: str | None, versus: t
               help="Policy file to try.")
 @replay_options
 def offline_command(trace: str, policy: str, versus: tuple[str, ...], workers: str | None,
-                    consumption: str, overhead_ms: float, report: Path) -> None:
+                    consumption: str, overhead_ms: float, count_from_s: float,
+                    report: Path) -> None:
     """Replay TRACE (observation records, JSON lines) under a policy, FIFO and the oracle.
 
     Without an app the tasks' declarations are unknown: each record's accelerator and
@@ -190,7 +207,8 @@ def offline_command(trace: str, policy: str, versus: tuple[str, ...], workers: s
     except AitpError as exc:
         fail(str(exc))
     config = config_for(loaded, workers, consumption, overhead_ms, recorded_declarations,
-                        default_accelerator=tests[0].policy.default_accelerator)
+                        default_accelerator=tests[0].policy.default_accelerator,
+                        count_from_s=count_from_s)
     with embedded_stores() as stores:
         config.store_factory = stores
         execute(loaded, trace, tests, config, report)

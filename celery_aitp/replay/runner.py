@@ -90,6 +90,7 @@ class ReplayConfig:
     declarations: Declarations = recorded_declarations
     store_factory: StoreFactory | None = None
     refresh_interval_s: float = 1.0
+    count_from: float | None = None  # publish time before which runs are simulated, not counted
 
 
 def _observation(router: PipelineRouter, i: int, started: float) -> dict[str, Any]:
@@ -185,11 +186,14 @@ class Replay:
     def _stats(self, name: str, out: Outcome, labels: Sequence[str], sla: Mapping[str, float],
                order: Sequence[str]) -> RunStats:
         published, runtime = self.trace.published, self.trace.runtime
-        done = [i for i, s in enumerate(out.started) if not math.isnan(s)]
+        start = self.config.count_from
+        done = [i for i, s in enumerate(out.started)
+                if not math.isnan(s) and (start is None or published[i] >= start)]
         tenants = [self.trace.records[i]["tenant"] or "(none)" for i in done]
         return run_stats(name, [out.started[i] - published[i] for i in done],
                          [runtime[i] for i in done], [labels[i] for i in done], tenants,
-                         sla, order, lost=len(out.stranded))
+                         sla, order, lost=sum(1 for i in out.stranded
+                                             if start is None or published[i] >= start))
 
 
 def infer_slots(trace: Trace, default_accelerator: str = "cpu") -> dict[str, int]:
