@@ -121,10 +121,24 @@ def test_offline_replay_command(tmp_path):
     assert "40 runs" in result.output and report.read_text().startswith("<!doctype html>")
 
 
+def test_a_warm_up_is_simulated_but_not_counted(tmp_path):
+    trace = write_trace(tmp_path / "trace.jsonl")  # 40 runs, one every 0.1 s
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(TEST_POLICY))
+    result = CliRunner().invoke(main, ["replay", str(trace), "--policy", str(policy),
+                                       "--count-from-s", "1.95", "--report",
+                                       str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert "│ all            │ 20 " in result.output  # runs 20..39 count
+    assert "warm-up: the first 2s (20 runs) simulated, not counted" in (
+        tmp_path / "r.html").read_text()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--workers", "cpu=none"], "--workers: 'cpu=none' is not CLASS=SLOTS"),
     (["--consumption", "no_such"], "--consumption: 'no_such'"),
     (["--overhead-ms", "-1"], "--overhead-ms"),
+    (["--count-from-s", "100"], "--count-from-s: must be >= 0 and within the trace (4s)"),
 ])
 def test_offline_replay_bad_options_name_the_problem(tmp_path, args, message):
     trace = write_trace(tmp_path / "trace.jsonl")
