@@ -339,7 +339,8 @@ def write_outputs(out: Path, bench: Bench, runs: dict[str, Measured], all_stats:
     doc = {
         "command": "python benchmarks/scheduling.py " + " ".join(sys.argv[1:]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform(terse=True)},
+                    "platform": platform.platform(terse=True),
+                    "load_average_1m_before_after": args.load_average},
         "config": {"duration_s": args.duration, "load": args.load, "seed": args.seed,
                    "warmup_s": args.warmup, "slots": SLOTS, "tasks": len(bench.items),
                    "offered_load": offered_load(bench.items, args.duration)},
@@ -377,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.runs.split(",") if m.strip()]
     started = time.monotonic()
+    load_before = os.getloadavg()[0]
+    if load_before > 0.5:
+        console.print(f"[yellow]warning[/yellow]: load average {load_before:.2f} before the run: "
+                      "other processes compete for the 2 cores; waits will be noisier")
     bench = Bench(args)
     bench.check_free()
     offered = offered_load(bench.items, args.duration)
@@ -396,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         if m.reasons:
             console.print(f"{m.mode}: decisions {m.reasons}")
     elapsed = time.monotonic() - started
+    args.load_average = (load_before, os.getloadavg()[0])
     write_outputs(args.out, bench, runs, all_stats, found, labels, args, elapsed)
     console.print(f"done in {elapsed:.0f}s")
     return 1 if any(st.lost for st in all_stats) else 0
