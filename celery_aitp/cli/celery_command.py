@@ -34,6 +34,8 @@ aitp.add_command(validate)
 COMMANDS = (
     "celery_aitp.cli.status",
     "celery_aitp.cli.evacuate",
+    "celery_aitp.cli.stage",
+    "celery_aitp.cli.history",
 )
 
 
