@@ -22,6 +22,7 @@ from celery_aitp.publish.hook import AUTO_ROUTE
 from celery_aitp.publish.live_view import LiveView
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.publish.request import Decision, Request
+from celery_aitp.publish.stages import GATED_REASONS
 from celery_aitp.queues import is_tier_queue, tier_queue
 from celery_aitp.settings import Settings, resolve_settings
 from celery_aitp.store import Keys, RedisStore, connect
@@ -33,8 +34,6 @@ logger = logging.getLogger(__name__)
 DECLARABLE = frozenset(
     {"accelerator", "tier", "memory_mb", "cpu", "labels", "runtime_hint_s", "impact"}
 )
-#: Reasons the gate gives a task a live worker could take but the stage does not route.
-GATED_REASONS = frozenset({"shadow", "split_standard_arm"})
 #: Explicit tier-queue publishes that go to the default queue instead.
 _TO_DEFAULT = frozenset({"explicit_queue_dead", "explicit_queue_standard"})
 _REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "socket://", "unix://")

@@ -36,6 +36,7 @@ COMMANDS = (
     "celery_aitp.cli.evacuate",
     "celery_aitp.cli.stage",
     "celery_aitp.cli.history",
+    "celery_aitp.cli.report",
 )
 
 

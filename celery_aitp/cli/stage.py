@@ -94,12 +94,12 @@ def command(ctx: click.Context, stage: str | None, percent: float | None,
         emit_json({"old": change.old, "new": change.new, "moved": change.moved})
         return
     console.print(f"stage: [bold]{describe(Stage(stage), split)}[/bold] "
-                  f"(was {describe_doc(doc)})")
+                  f"(was {describe_doc(doc)})", soft_wrap=True)
     if Stage(stage) is Stage.SPLIT and split.percent == 0:
         console.print("note: the percentage is 0, so nothing is routed yet")
     if Stage(stage) is Stage.COEXISTENCE:
         console.print(f"moved {change.moved_total} waiting message(s) from tier queues to "
-                      f"{control.middleware.default_queue}")
+                      f"{control.middleware.default_queue}", soft_wrap=True)
 
 
 def _show(stage: Stage, split: SplitSettings, as_json: bool) -> None:

@@ -37,11 +37,12 @@ def command(ctx: click.Context, as_json: bool) -> None:
     if last:
         entry = last[0]
         why = f": {entry['why']}" if entry.get("why") else ""
-        console.print(f"changed {when(entry.get('at'))} by {entry.get('who')}{why}")
+        console.print(f"changed {when(entry.get('at'))} by {entry.get('who')}{why}",
+                      soft_wrap=True)
     else:
         console.print("changed: never (the policy's stage applies)")
     if guard:
-        console.print(f"guard: {describe_guard(guard)}")
+        console.print(f"guard: {describe_guard(guard)}", soft_wrap=True)
     now = time.time()
     table("workers", ["worker", "accelerator", "tenants", "tiers", "heartbeat age s"],
           [(w.get("worker"), w.get("accelerator"), ",".join(w.get("tenants", [])),

@@ -18,9 +18,12 @@ from celery_aitp.publish.split import SplitRule, arm_key, split_bucket
 from celery_aitp.queues import tier_queue_name
 
 __all__ = [
-    "DeclaredProfileStage", "DeclaredTierStage", "GateStage", "PublishStage", "RouteStage",
-    "TenantStage", "split_bucket", "split_selects",
+    "GATED_REASONS", "DeclaredProfileStage", "DeclaredTierStage", "GateStage", "PublishStage",
+    "RouteStage", "TenantStage", "split_bucket", "split_selects",
 ]
+
+#: Reasons the gate gives a task a live worker could take but the stage does not route.
+GATED_REASONS = frozenset({"shadow", "split_standard_arm"})
 
 #: Longest tenant name accepted from a header before it is treated as bad input.
 MAX_TENANT_LEN = 64
