@@ -37,6 +37,7 @@ COMMANDS = (
     "celery_aitp.cli.stage",
     "celery_aitp.cli.history",
     "celery_aitp.cli.report",
+    "celery_aitp.cli.guard",
 )
 
 

@@ -20,7 +20,6 @@ import getpass
 import os
 import socket
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,7 +127,3 @@ class StageControl:
                 return moved
             time.sleep(DRAIN_PERIOD_S)
 
-
-def same_doc(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
-    """Whether two stage documents say the same thing."""
-    return (dict(a) if a else None) == (dict(b) if b else None)
