@@ -2,7 +2,7 @@
 
 Like an Argo Rollouts canary with a background analysis: the guard sets the split to
 the first of ``guard.steps``; every ``interval_s`` it analyses the runs recorded since
-the previous analysis (:mod:`celery_aitp.migration.checks`). ``passes_per_step``
+its previous verdict (:mod:`celery_aitp.migration.checks`). ``passes_per_step``
 passing analyses move it to the next step; after the last, it switches to takeover
 (``promote``) or stays. Each failed analysis is counted; at ``failure_limit`` it rolls
 back to coexistence (tier queues drained, nothing lost) and says why, in its output
@@ -26,7 +26,7 @@ from celery_aitp.migration import guard_state
 from celery_aitp.migration.analysis import arm_stats
 from celery_aitp.migration.checks import Analysis, analyse
 from celery_aitp.migration.control import StageControl, who_am_i
-from celery_aitp.migration.records import last_id, records_since
+from celery_aitp.migration.records import MAX_RECORDS, last_id, records_since
 from celery_aitp.policy import GuardSettings, SplitSettings, Stage
 from celery_aitp.publish.split import SplitRule
 
@@ -62,6 +62,7 @@ class Guard:
         self._split = SplitSettings()
         self._doc: dict[str, Any] | None = None  # what the stage is as far as we know
         self._cursor: str | None = None
+        self._pending: list[dict[str, Any]] = []  # runs not judged yet
 
     @property
     def store(self) -> Any:
@@ -100,11 +101,19 @@ class Guard:
     # --- one analysis -----------------------------------------------------------
 
     def analyse(self) -> Analysis:
-        """Check the conditions over the runs recorded since the previous analysis."""
+        """Check the conditions over the runs recorded since the last verdict.
+
+        Runs seen by an inconclusive analysis are kept for the next one, so every
+        verdict rests on at least ``min_samples`` routed runs however slow the traffic.
+        """
         records, self._cursor = records_since(self.store, self.store.keys.observations,
                                               after_id=self._cursor)
-        arms = arm_stats(records, self.middleware.policy, SplitRule(self._split))
-        return analyse(self.settings, self.middleware.policy, arms, self._queue_ages())
+        self._pending = (self._pending + records)[-MAX_RECORDS:]
+        arms = arm_stats(self._pending, self.middleware.policy, SplitRule(self._split))
+        analysis = analyse(self.settings, self.middleware.policy, arms, self._queue_ages())
+        if analysis.verdict != "inconclusive":
+            self._pending = []
+        return analysis
 
     def _queue_ages(self) -> dict[str, float | None] | None:
         janitor = self.control.janitor

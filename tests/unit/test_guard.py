@@ -132,6 +132,17 @@ def test_too_few_routed_runs_is_inconclusive_and_changes_nothing(mw, ops):
     assert guard.failures == 0 and stage_of(mw) == (Stage.SPLIT, 10)
 
 
+def test_runs_of_inconclusive_analyses_count_towards_the_next_verdict(mw, ops):
+    guard = make_guard(mw, ops, [])
+    guard.start()
+    for _ in range(2):
+        feed(mw, "routed", 3, wait_s=0.1)  # 3 < min_samples 5
+        guard.step()
+        assert guard.last is not None
+    assert guard.last.verdict == "pass" and guard.last.routed_runs == 6
+    assert stage_of(mw) == (Stage.SPLIT, 50)
+
+
 def test_starvation_fails_even_without_routed_runs(mw, ops):
     guard = make_guard(mw, ops, [], failure_limit=1)
     guard.start()
