@@ -41,7 +41,8 @@ def _glob_matcher(patterns: tuple[str, ...]) -> Callable[[str], object] | None:
 class SplitRule:
     """A compiled :class:`SplitSettings`: cheap to ask on every publish."""
 
-    __slots__ = ("source", "percent", "tenants", "tiers", "task_match", "max_uncertainty")
+    __slots__ = ("source", "percent", "tenants", "tiers", "task_match", "max_uncertainty",
+                 "selective")
 
     def __init__(self, split: SplitSettings) -> None:
         self.source = split
@@ -50,6 +51,8 @@ class SplitRule:
         self.tiers = frozenset(split.tiers)
         self.task_match = _glob_matcher(split.tasks)
         self.max_uncertainty = split.max_uncertainty
+        self.selective = bool(self.tenants or self.tiers or self.task_match is not None
+                              or self.max_uncertainty is not None)
 
     def selects(self, task: str, tenant: str | None, tier: str | None,
                 p50: float | None, p90: float | None) -> bool:
@@ -75,6 +78,6 @@ class SplitRule:
         """Whether the task is on the routed arm."""
         if self.percent <= 0:
             return False
-        if not self.selects(task, tenant, tier, p50, p90):
+        if self.selective and not self.selects(task, tenant, tier, p50, p90):
             return False
         return self.percent >= 100 or split_bucket(key) < self.percent
