@@ -184,3 +184,30 @@ def test_chain_steps_carry_the_root_id_the_arm_is_decided_on(app, store, publish
     result = chain(task.s(1), task.s()).apply_async(headers={"aitp_tenant": "acme"})
     first = published[-1]
     assert first["headers"]["root_id"] == first["headers"]["id"] == result.parent.id
+
+
+def test_coexistence_annotates_and_records_but_keeps_celerys_route(app, store, published):
+    make_live(store, "aitp.acme.cpu.hi", stage="coexistence")
+    refresh(app)
+    app.tasks["tests.unit.conftest.urgent"].apply_async((1,), headers={"aitp_tenant": "acme"})
+    msg = published[-1]
+    assert msg["routing_key"] == "default-q"
+    h = header(msg)
+    assert h["routed"] is False and h["reason"] == "shadow" and h["stage"] == "coexistence"
+    assert h["queue"] == "aitp.acme.cpu.hi"  # where it would have gone
+    app.aitp.live.flush()
+    record = store.read_records(store.keys.decisions)[-1]
+    assert record["reason"] == "shadow" and record["queue"] == "aitp.acme.cpu.hi"
+
+
+def test_a_stage_change_in_the_store_is_followed_at_the_next_refresh(app, store, published):
+    make_live(store, "aitp.acme.cpu.hi", stage="coexistence")
+    refresh(app)
+    task = app.tasks["tests.unit.conftest.urgent"]
+    task.apply_async((1,), headers={"aitp_tenant": "acme"})
+    store.write_stage({"stage": "takeover", "split": {}}, who="test")
+    task.apply_async((2,), headers={"aitp_tenant": "acme"})  # cached view: not yet
+    app.aitp.live.refresh()
+    task.apply_async((3,), headers={"aitp_tenant": "acme"})
+    assert [m["routing_key"] for m in published[-3:]] == ["default-q", "default-q",
+                                                          "aitp.acme.cpu.hi"]
