@@ -38,6 +38,7 @@ COMMANDS = (
     "celery_aitp.cli.history",
     "celery_aitp.cli.report",
     "celery_aitp.cli.guard",
+    "celery_aitp.cli.dashboard",
 )
 
 
