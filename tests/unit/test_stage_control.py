@@ -160,3 +160,22 @@ def test_history_and_status_show_the_changes(app, fast):
     assert "stage: takeover" in status.output and "(cli, pid" in status.output
     as_json = cli(app, "history", "--json")
     assert '"why": "canary"' in as_json.output
+
+
+def test_a_rollback_from_the_dashboard_drains_the_tier_queues(app, fast, ops):
+    from starlette.testclient import TestClient
+
+    from celery_aitp.dashboard.app import build_dashboard, create_app
+    from celery_aitp.dashboard.config import DashboardConfig
+
+    dashboard = build_dashboard(fast, DashboardConfig())
+    assert dashboard.drain is not None  # wired to the migration rollback
+    control = StageControl(fast, Janitor(fast, ops=ops))
+    dashboard.drain = lambda: control.drain(0)
+    client = TestClient(create_app(dashboard))
+    client.get("/stage")
+    response = client.post("/api/stage", json={"stage": "coexistence"}, headers={
+        "X-AITP-CSRF": client.cookies["aitp_csrf"], "Origin": "http://testserver"})
+    assert response.status_code == 200, response.text
+    assert response.json()["moved"] == {"aitp.acme.cpu.hi": 5, "aitp.globex.gpu.mid": 3}
+    assert not any(ops.queues[q] for q in ops.queues if q.startswith("aitp."))
