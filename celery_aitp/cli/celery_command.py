@@ -38,6 +38,8 @@ COMMANDS = (
     "celery_aitp.cli.history",
     "celery_aitp.cli.report",
     "celery_aitp.cli.guard",
+    "celery_aitp.cli.explain",
+    "celery_aitp.cli.policy_history",
     "celery_aitp.cli.dashboard",
 )
 

@@ -20,7 +20,9 @@ same load, tier queues were served highest tier first. The model:
    step 2, ``W_k = W (1 - ρ) / ((1 - σ[k-1]) (1 - σ[k]))``.
 
 The difference ``W_k - W`` is the estimate: negative for high tiers, positive for low
-ones (by the conservation law the load-weighted mean wait is unchanged). It ignores
+ones (by the conservation law the load-weighted mean wait is unchanged). It assumes
+strict tier order; the default weighted order gives backlogged low tiers a share of the
+reads, so under sustained overload it overstates their extra wait. It also ignores
 that tier queues are split by tenant and accelerator (each pool has its own workers)
 and the prefetch of each worker; it gives the direction and size to expect, which the
 split stage then measures for real, arm against arm.
