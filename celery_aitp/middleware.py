@@ -24,6 +24,7 @@ from celery_aitp.publish.hook import AUTO_ROUTE
 from celery_aitp.publish.live_view import LiveView
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.publish.request import Decision, Request
+from celery_aitp.publish.stages import GATED_REASONS
 from celery_aitp.queues import is_tier_queue, tier_queue
 from celery_aitp.settings import Settings, resolve_settings
 from celery_aitp.store import Keys, RedisStore, connect
@@ -36,6 +37,8 @@ logger = logging.getLogger(__name__)
 DECLARABLE = frozenset(
     {"accelerator", "tier", "memory_mb", "cpu", "labels", "runtime_hint_s", "impact"}
 )
+#: Explicit tier-queue publishes that go to the default queue instead.
+_TO_DEFAULT = frozenset({"explicit_queue_dead", "explicit_queue_standard"})
 _REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "socket://", "unix://")
 
 
@@ -203,13 +206,19 @@ class Middleware:
             name, str(msg_headers.get("id", "")), args, kwargs,
             headers if isinstance(headers, Mapping) else {},
             self.declared(name), explicit, now, msg_headers.get("retries") or 0,
+            _root_id(msg_headers.get("root_id")),
         )
         view = self.live.current()
         decision = self.pipeline.decide(request, view, now)
         if not auto:
+            gated = decision.reason in GATED_REASONS
             decision.fall_back("explicit_queue")
-            if explicit and is_tier_queue(explicit) and explicit not in view.live_queues:
-                decision.reason = "explicit_queue_dead"
+            if explicit and is_tier_queue(explicit):
+                # A tier queue named explicitly is almost always a retry staying put.
+                if explicit not in view.live_queues:
+                    decision.reason = "explicit_queue_dead"
+                elif gated:  # the stage does not route this task now (rolled back, or
+                    decision.reason = "explicit_queue_standard"  # the other arm)
         return decision
 
     def _apply(self, decision: Decision, options: dict[str, Any], auto: bool) -> None:
@@ -230,7 +239,7 @@ class Middleware:
             for key in ("exchange", "routing_key", "exchange_type"):
                 options.pop(key, None)
             options["priority"] = 0  # one priority inside a tier queue keeps tiers strict
-        elif decision.reason == "explicit_queue_dead":
+        elif decision.reason in _TO_DEFAULT:
             options["queue"] = self.default_queue
             for key in ("exchange", "routing_key", "exchange_type"):
                 options.pop(key, None)
@@ -239,6 +248,10 @@ class Middleware:
         """Flush telemetry and stop the refresher (process shutdown)."""
         if "live" in self.__dict__:
             self.live.close()
+
+
+def _root_id(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _queue_name(queue: Any) -> str | None:

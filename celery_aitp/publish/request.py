@@ -18,7 +18,7 @@ class Request:
 
     __slots__ = (
         "task", "task_id", "args", "kwargs", "headers", "declared",
-        "explicit_queue", "published_at", "retries",
+        "explicit_queue", "published_at", "retries", "root_id",
     )
 
     def __init__(
@@ -32,6 +32,7 @@ class Request:
         explicit_queue: str | None = None,
         published_at: float = 0.0,
         retries: int = 0,
+        root_id: str | None = None,
     ) -> None:
         self.task = task
         self.task_id = task_id
@@ -42,6 +43,7 @@ class Request:
         self.explicit_queue = explicit_queue
         self.published_at = published_at
         self.retries = retries
+        self.root_id = root_id  # the workflow's first task (chains, chords); None if alone
 
 
 class Decision:
