@@ -31,6 +31,18 @@ logger = logging.getLogger(__name__)
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
+class Sink(Protocol):
+    """Telemetry a component ships to the store with each refresh round (e.g. summaries).
+
+    ``flush`` runs in the refresher thread after counters and records; it may raise
+    :class:`StoreError` (the round stops there and tries again next time).
+    """
+
+    name: str
+
+    def flush(self, store: RedisStore) -> None: ...
+
+
 class Source(Protocol):
     """Shared state a stage needs on the publish path, fetched in the background.
 
@@ -48,8 +60,8 @@ class Source(Protocol):
 class View:
     """One immutable snapshot, as read by the pipeline stages."""
 
-    __slots__ = ("live_queues", "stage", "split", "fresh", "model_version", "fetched_at",
-                 "sources")
+    __slots__ = ("live_queues", "stage", "stage_value", "split", "fresh", "model_version",
+                 "fetched_at", "sources")
 
     def __init__(
         self,
@@ -63,6 +75,7 @@ class View:
     ) -> None:
         self.live_queues = live_queues
         self.stage = stage
+        self.stage_value: str = stage.value  # read per publish; Enum.value is a slow property
         self.split = split
         self.fresh = fresh
         self.model_version = model_version
@@ -123,6 +136,7 @@ class LiveView:
         self._record_limits = record_limits or {}
         self._listeners: list[Listener] = []
         self._sources: list[Source] = []
+        self._sinks: list[Sink] = []
         self._view = View(frozenset(), policy.stage, policy.split, fresh=False)
         self._lock = threading.Lock()
         self._running = False  # reset in a forked child, which has no refresher thread
@@ -155,6 +169,11 @@ class LiveView:
         view = self._view
         self._view = View(view.live_queues, view.stage, view.split, view.fresh,
                           view.model_version, view.fetched_at, MappingProxyType(values))
+
+    def add_sink(self, sink: Sink) -> None:
+        """Flush ``sink`` in every refresh round (at most one sink per name)."""
+        if not any(s.name == sink.name for s in self._sinks):
+            self._sinks.append(sink)
 
     def on_refresh(self, listener: Listener) -> None:
         """Call ``listener(view)`` after every successful refresh (e.g. model reload)."""
@@ -214,7 +233,9 @@ class LiveView:
             self.counters.restore(counts)
             return
         for stream, buf in list(self.buffers.items()):
-            records = buf.take()
+            # Decisions are buffered as objects and encoded here, off the publish path.
+            records = [r if type(r) is dict or type(r) is str else r.record_json()
+                       for r in buf.take()]
             if not records:
                 continue
             try:
@@ -222,6 +243,14 @@ class LiveView:
             except StoreError:
                 buf.put_back(records)
                 return
+        for sink in self._sinks:
+            try:
+                sink.flush(self.store)
+            except StoreError:
+                return
+            except Exception:  # a broken sink must not stop the refresher
+                self.counters.incr(f"sink_errors:{sink.name}")
+                logger.exception("aitp: sink %s failed", sink.name)
 
     def _forget_thread(self) -> None:
         self._running = False
