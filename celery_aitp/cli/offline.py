@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import IO
 
 import click
 
@@ -46,8 +47,7 @@ def train_command(observations: str, out: str) -> None:
               help="JSON-lines file of records to predict (runtime_s not needed).")
 @click.option("--out", type=click.File("w"), default=None,
               help="Write the predictions here instead of standard output.")
-def predict_command(model_dir: str, observations: str, out: click.utils.LazyFile | None
-                    ) -> None:
+def predict_command(model_dir: str, observations: str, out: IO[str] | None) -> None:
     """Predict p50 and p90 runtime for each record; one JSON line each, in input order."""
     try:
         bundle = ModelBundle.read(model_dir)

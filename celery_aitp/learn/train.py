@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_aitp.learn.dataset import MIN_RUNTIME_S, Dataset, Observation, build_dataset
-from celery_aitp.predict.bundle import FORMAT, ModelBundle
+from celery_aitp.predict.bundle import FORMAT, ModelBundle, verify_with_lightgbm
 from celery_aitp.predict.features import CATEGORICAL, SCHEMA, FeatureSpec
 
 #: ``report(step, done, total)``: progress of a long step (for a progress bar).
@@ -222,6 +222,7 @@ def train(records: Iterable[Any], config: TrainConfig | None = None,
     final = _fit_pair(spec, Matrix(spec, dataset.observations), config, report, "final")
     split = (len(train_part), len(valid_part))
     result.bundle = _bundle(spec, dataset, final, config, result, split, valid_x)
+    verify_with_lightgbm(result.bundle, final)
     result.seconds = time.perf_counter() - started
     return result
 

@@ -7,8 +7,10 @@ On disk a model is a directory (``celery-aitp train --out MODEL``)::
     MODEL/p90.txt     LightGBM text model of the 0.9 quantile of log runtime
 
 Each ``.txt`` loads with ``lightgbm.Booster(model_file=...)``. Loading for prediction
-checks the format and feature list, compiles both forests and verifies the compiled
-code against LightGBM itself; anything wrong raises :class:`ModelError` with the reason.
+checks the format and feature list, reads both texts strictly, compiles them and checks
+the compiled code against the scores LightGBM gave at training for the stored check rows;
+anything wrong raises :class:`ModelError` with the reason. The trainer checks the
+compiled code against LightGBM itself on probe rows before a model can be promoted.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ from typing import Any
 from celery_aitp.errors import ModelError
 from celery_aitp.predict.compiled import CompiledRuntimeModel
 from celery_aitp.predict.features import CATEGORICAL, SCHEMA, FeatureSpec
+from celery_aitp.predict.lgb_text import parse_model_text
 
 FORMAT = "celery_aitp.runtime/1"
 _FILES = ("meta.json", "p50.txt", "p90.txt")
 #: Relative difference allowed between compiled code and LightGBM (both sum doubles).
 TOLERANCE = 1e-9
-#: Random probe rows checked against LightGBM when a model is loaded.
-PROBES = 256
+#: Random probe rows the trainer checks against LightGBM before promoting.
+PROBES = 512
+#: Rows (with LightGBM's scores) the metadata must carry for the publish side's check.
+MIN_CHECK_ROWS = 8
 
 
 class ModelBundle:
@@ -112,8 +117,10 @@ def spec_from_meta(meta: Mapping[str, Any]) -> FeatureSpec:
 
 
 def booster_from_text(text: str, what: str) -> Any:
+    """A LightGBM Booster (offline tools and the trainer only; see :mod:`lgb_text`)."""
     import lightgbm
 
+    parse_model_text(text)  # LightGBM aborts the process on some malformed texts
     try:
         return lightgbm.Booster(model_str=text)
     except Exception as exc:  # LightGBMError and friends: the text is corrupt
@@ -121,53 +128,73 @@ def booster_from_text(text: str, what: str) -> Any:
         raise ModelError(f"{what} is not a valid LightGBM text model: {first}") from None
 
 
+def _parse(text: str, what: str, spec: FeatureSpec) -> dict[str, Any]:
+    try:
+        dump = parse_model_text(text)
+    except ModelError as exc:
+        raise ModelError(f"{what}: {exc}") from None
+    if dump["feature_names"] != list(spec.names):
+        raise ModelError(f"{what}: its feature names differ from the metadata's")
+    return dump
+
+
 def load_bundle(bundle: ModelBundle) -> LoadedModel:
-    """Check, compile and verify a model; raises ModelError with the reason if unusable."""
+    """Check, compile and verify a model; raises ModelError with the reason if unusable.
+
+    Runs in producers and workers, so it needs neither LightGBM nor numpy: the texts are
+    read by :func:`parse_model_text` and the compiled code must reproduce the scores
+    LightGBM computed for the check rows the trainer stored in the metadata.
+    """
     spec = spec_from_meta(bundle.meta)
     if bundle.meta.get("p90") != "offset":
         raise ModelError(f"unknown p90 model kind {bundle.meta.get('p90')!r} (expected 'offset')")
-    n = len(spec.names)
-    boosters = []
-    for what, text in (("p50 model", bundle.p50_text), ("p90 model", bundle.p90_text)):
-        booster = booster_from_text(text, what)
-        if booster.num_feature() != n:
-            raise ModelError(f"{what} has {booster.num_feature()} features, metadata lists {n}")
-        if list(booster.feature_name()) != list(spec.names):
-            raise ModelError(f"{what} feature names differ from the metadata")
-        boosters.append(booster)
-    compiled = CompiledRuntimeModel(boosters[0].dump_model(), boosters[1].dump_model(), n)
-    verify(compiled, boosters, bundle.meta, spec)
+    compiled = CompiledRuntimeModel(_parse(bundle.p50_text, "p50 model", spec),
+                                    _parse(bundle.p90_text, "p90 model", spec), len(spec.names))
+    verify_check_rows(compiled, bundle.meta, spec)
     return LoadedModel(bundle, spec, compiled)
 
 
-def verify(compiled: CompiledRuntimeModel, boosters: list[Any], meta: Mapping[str, Any],
-           spec: FeatureSpec) -> None:
-    """Compiled forests must give LightGBM's scores on probe rows and recorded rows.
+def verify_check_rows(compiled: CompiledRuntimeModel, meta: Mapping[str, Any],
+                      spec: FeatureSpec) -> None:
+    """The compiled code must give the scores recorded at training for the check rows."""
+    check = meta.get("check")
+    if not isinstance(check, Mapping):
+        raise ModelError("the metadata has no check rows")
+    rows, raw50, raw90 = check.get("rows"), check.get("raw50"), check.get("raw90")
+    width = len(spec.names)
+    if not (isinstance(rows, list) and isinstance(raw50, list) and isinstance(raw90, list)
+            and MIN_CHECK_ROWS <= len(rows) == len(raw50) == len(raw90)):
+        raise ModelError(f"the metadata needs at least {MIN_CHECK_ROWS} check rows with scores")
+    for row, want50, want90 in zip(rows, raw50, raw90, strict=True):
+        if not isinstance(row, list) or len(row) != width:
+            raise ModelError("a check row does not have one value per feature")
+        try:
+            got = compiled.raw([_float(v) for v in row])
+            ok = _close(got[0], float(want50)) and _close(got[1], float(want90))
+        except (TypeError, ValueError):
+            raise ModelError("a check row holds something other than numbers") from None
+        if not ok:
+            raise ModelError("model does not reproduce the scores recorded at training")
+
+
+def verify_with_lightgbm(bundle: ModelBundle, boosters: tuple[Any, Any]) -> None:
+    """The trainer's check before promoting: compiled code == LightGBM on probe rows.
 
     The p90 score is the p50 score plus the p90 (offset) model's score.
     """
     import numpy as np
 
-    rows = probe_rows(compiled, spec)
-    check = meta.get("check") or {}
-    recorded = check.get("rows") or []
-    width = len(spec.names)
-    rows.extend([_float(v) for v in r] for r in recorded if isinstance(r, list) and len(r) == width)
+    loaded = load_bundle(bundle)
+    rows = probe_rows(loaded.compiled, loaded.spec)
     matrix = np.array(rows, dtype=np.float64)
     low = boosters[0].predict(matrix, raw_score=True)
-    expected = [low, low + boosters[1].predict(matrix, raw_score=True)]
+    expected = (low, low + boosters[1].predict(matrix, raw_score=True))
     for i, row in enumerate(rows):
-        got = compiled.raw(row)
+        got = loaded.compiled.raw(row)
         for k in (0, 1):
             if not _close(got[k], float(expected[k][i])):
                 raise ModelError(f"compiled model disagrees with LightGBM on row {row!r}: "
                                  f"{got[k]!r} != {float(expected[k][i])!r}")
-    for k, field in ((0, "raw50"), (1, "raw90")):
-        stored = check.get(field) or []
-        for row, want in zip(recorded, stored, strict=False):
-            score = compiled.raw([_float(v) for v in row])[k]
-            if not _close(score, float(want)):
-                raise ModelError("model does not reproduce the scores recorded at training")
 
 
 def _float(value: Any) -> float:
