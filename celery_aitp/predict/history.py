@@ -103,6 +103,12 @@ def estimate(runtimes: list[float]) -> Estimate:
     return p50, max(p50, quantile(runtimes, 0.9))
 
 
+def _pooled(runtimes: list[float]) -> Estimate:
+    """A task's estimate over all tenants: mean and p90 of each tenant's last two runs."""
+    p50 = sum(runtimes) / len(runtimes)
+    return p50, max(p50, quantile(runtimes, 0.9))
+
+
 class HistoryView:
     """What the publish path reads: features and estimates per pair, estimates per task."""
 
@@ -127,7 +133,7 @@ class HistoryView:
             features[pair] = history_features(runtimes, count)
             estimates[pair] = estimate(runtimes)
             per_task.setdefault(pair[1], []).extend(runtimes[:2])
-        task_estimates = {task: estimate(rs) for task, rs in per_task.items()}
+        task_estimates = {task: _pooled(rs) for task, rs in per_task.items()}
         return cls(features, estimates, task_estimates, version, time.monotonic())
 
 
