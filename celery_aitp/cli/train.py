@@ -12,18 +12,18 @@ from celery_aitp.cli.training import print_result, progress_bar
 from celery_aitp.errors import AitpError
 from celery_aitp.learn.dataset import read_jsonl
 from celery_aitp.learn.observations import store_records
-from celery_aitp.learn.train import TrainResult, train
+from celery_aitp.learn.train import TrainConfig, TrainResult, train
 from celery_aitp.predict.model_store import ModelStore
 
 
 def train_and_promote(middleware: Any, observations: str | None, limit: int | None,
-                      out: str | None, dry_run: bool, show_progress: bool = True
-                      ) -> TrainResult:
+                      out: str | None, dry_run: bool, show_progress: bool = True,
+                      config: TrainConfig | None = None) -> TrainResult:
     """Train from a file or the store; promote when the model beats the last-two baseline."""
     records = read_jsonl(observations) if observations else store_records(middleware.store,
                                                                           limit)
     with progress_bar(show_progress) as report:
-        result = train(records, report=report)
+        result = train(records, config, report=report)
     print_result(result)
     if result.bundle is None:
         return result
@@ -47,12 +47,15 @@ def train_and_promote(middleware: Any, observations: str | None, limit: int | No
               help="Use only the newest N observations of the store.")
 @click.option("--out", type=click.Path(file_okay=False), help="Also write the model here.")
 @click.option("--dry-run", is_flag=True, help="Train and report, but do not promote.")
+@click.option("--min-records", type=click.IntRange(min=20), default=TrainConfig.min_records,
+              show_default=True, help="Train only with at least this many usable records.")
 @click.pass_context
 def command(ctx: click.Context, observations: str | None, limit: int | None, out: str | None,
-            dry_run: bool) -> None:
+            dry_run: bool, min_records: int) -> None:
     """Train the runtime model; promote it if it beats the last-two baseline."""
     try:
-        train_and_promote(middleware_of(ctx), observations, limit, out, dry_run)
+        train_and_promote(middleware_of(ctx), observations, limit, out, dry_run,
+                          config=TrainConfig(min_records=min_records))
     except (AitpError, OSError) as exc:
         fail(str(exc))
 
