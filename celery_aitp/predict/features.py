@@ -176,17 +176,23 @@ class FeatureSpec:
         n_args = len(args)
         if not isinstance(kwargs, dict):
             kwargs = {}
-        hour, weekday = hour_and_weekday(published_at)
+        if type(published_at) is float and 0.0 <= published_at < 1e12:  # the usual case
+            days, seconds = divmod(int(published_at), 86400)
+            hour, weekday = seconds // 3600, (days + 3) % 7
+        else:
+            hour, weekday = hour_and_weekday(published_at)
         h_last2, h_mean, h_count = history or _NO_HISTORY
         get = kwargs.get
         return (
-            self.tasks.get(task, NAN), self.tenants.get(tenant, NAN),
-            n_args, len(kwargs), _number_or_nan(args_bytes), _number_or_nan(kwargs_bytes),
+            self.tasks.get(task, NAN), self.tenants.get(tenant, NAN), n_args, len(kwargs),
+            args_bytes if type(args_bytes) is int else _number_or_nan(args_bytes),
+            kwargs_bytes if type(kwargs_bytes) is int else _number_or_nan(kwargs_bytes),
             value_of(args[0]) if n_args > 0 else NAN,
             value_of(args[1]) if n_args > 1 else NAN,
             value_of(args[2]) if n_args > 2 else NAN,
             value_of(args[3]) if n_args > 3 else NAN,
-            _number_or_nan(hint_s), retries if type(retries) is int else NAN,
+            NAN if hint_s is None else _number_or_nan(hint_s),
+            retries if type(retries) is int else NAN,
             hour, weekday, h_last2, h_mean, h_count,
             *[value_of(get(name)) for name in self.kwarg_names],
         )
