@@ -39,20 +39,21 @@ def _quiet(step: str, done: int, total: int) -> None:
 @dataclass(frozen=True)
 class TrainConfig:
     """LightGBM settings. Few trees keep the compiled publish-path code fast (a cache miss
-    walks every tree); on the generated workload 24 trees of 31 leaves are as accurate
-    as 80 of 15, at a third of the cost (see ``benchmarks/prediction_accuracy.py``).
+    walks every tree, and a walk costs about its depth); on the generated workload 16
+    trees of 63 leaves are as accurate as 80 of 15 at a third of the cost
+    (``benchmarks/prediction_accuracy.py``).
 
     The p90 model is boosted from the p50 model's scores (LightGBM ``init_score``): it
     only learns how far above the median the 0.9 quantile lies, which takes few trees.
     """
 
     valid_fraction: float = 0.2
-    rounds: int = 24
-    learning_rate: float = 0.3
-    num_leaves: int = 31
-    max_depth: int = 7
-    p90_rounds: int = 16
-    p90_learning_rate: float = 0.35
+    rounds: int = 16
+    learning_rate: float = 0.4
+    num_leaves: int = 63
+    max_depth: int = 9
+    p90_rounds: int = 10
+    p90_learning_rate: float = 0.4
     p90_num_leaves: int = 7
     min_data_in_leaf: int = 20
     max_bin: int = 255

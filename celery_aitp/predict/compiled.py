@@ -106,10 +106,10 @@ _ZERO_EDGES = (math.nextafter(-ZERO_THRESHOLD, -math.inf), ZERO_THRESHOLD)
 
 
 def _emit(node: Mapping[str, Any], depth: int, lines: list[str], n_features: int,
-          usage: _Usage) -> None:
+          usage: _Usage, total: str) -> None:
     pad = "    " * depth
     if "leaf_value" in node:
-        lines.append(f"{pad}s += {_number(node['leaf_value'], 'leaf value')!r}")
+        lines.append(f"{pad}{total} += {_number(node['leaf_value'], 'leaf value')!r}")
         return
     if depth > MAX_DEPTH:
         raise ModelError(f"a tree is deeper than {MAX_DEPTH} levels")
@@ -118,9 +118,9 @@ def _emit(node: Mapping[str, Any], depth: int, lines: list[str], n_features: int
     except KeyError:
         raise ModelError("a split node has no children") from None
     lines.append(f"{pad}if {_condition(node, n_features, usage)}:")
-    _emit(left, depth + 1, lines, n_features, usage)
+    _emit(left, depth + 1, lines, n_features, usage, total)
     lines.append(f"{pad}else:")
-    _emit(right, depth + 1, lines, n_features, usage)
+    _emit(right, depth + 1, lines, n_features, usage, total)
 
 
 def _unpack_line(n_features: int) -> str:
@@ -128,12 +128,7 @@ def _unpack_line(n_features: int) -> str:
     return f"    ({names},) = x"
 
 
-def compile_forest(dump: Mapping[str, Any], n_features: int) -> tuple[Forest, _Usage, str]:
-    """A function summing the raw scores of a LightGBM ``dump_model()`` document.
-
-    Raises :class:`ModelError` for anything this compiler does not reproduce exactly
-    (multi-class, averaged output, linear trees, unknown decision types).
-    """
+def _trees(dump: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     if dump.get("num_class", 1) != 1 or dump.get("num_tree_per_iteration", 1) != 1:
         raise ModelError("only single-output regression models are supported")
     if dump.get("average_output"):
@@ -141,23 +136,46 @@ def compile_forest(dump: Mapping[str, Any], n_features: int) -> tuple[Forest, _U
     trees = dump.get("tree_info")
     if not isinstance(trees, list) or not trees:
         raise ModelError("the model has no trees")
-    usage = _Usage()
-    lines = ["def forest(x):", _unpack_line(n_features), "    s = 0.0"]
+    roots = []
     for tree in trees:
         if not isinstance(tree, Mapping) or tree.get("is_linear"):
             raise ModelError("linear trees are not supported")
         root = tree.get("tree_structure")
         if not isinstance(root, Mapping):
             raise ModelError("a tree has no structure")
-        _emit(root, 1, lines, n_features, usage)
-    lines.append("    return s")
+        roots.append(root)
+    return roots
+
+
+def compile_forests(dumps: Sequence[Mapping[str, Any]], n_features: int
+                    ) -> tuple[Callable[[Vector], tuple[float, ...]], _Usage, str]:
+    """One function returning the raw score of each LightGBM ``dump_model()`` document.
+
+    All forests share one call and one unpacking of the vector. Raises
+    :class:`ModelError` for anything this compiler does not reproduce exactly
+    (multi-class, averaged output, linear trees, unknown decision types).
+    """
+    usage = _Usage()
+    lines = ["def forests(x):", _unpack_line(n_features)]
+    totals = [f"s{k}" for k in range(len(dumps))]
+    for total, dump in zip(totals, dumps, strict=True):
+        lines.append(f"    {total} = 0.0")
+        for root in _trees(dump):
+            _emit(root, 1, lines, n_features, usage, total)
+    lines.append(f"    return ({', '.join(totals)},)")
     source = "\n".join(lines) + "\n"
     namespace: dict[str, Any] = {}
     try:
-        exec(compile(source, "<celery_aitp compiled forest>", "exec"), namespace)  # noqa: S102
+        exec(compile(source, "<celery_aitp compiled forests>", "exec"), namespace)  # noqa: S102
     except (SyntaxError, RecursionError, MemoryError) as exc:
         raise ModelError(f"the model could not be compiled: {exc}") from None
-    return namespace["forest"], usage, source
+    return namespace["forests"], usage, source
+
+
+def compile_forest(dump: Mapping[str, Any], n_features: int) -> tuple[Forest, _Usage, str]:
+    """A function summing the raw scores of one LightGBM ``dump_model()`` document."""
+    forests, usage, source = compile_forests([dump], n_features)
+    return (lambda x: forests(x)[0]), usage, source
 
 
 def compile_key(usage: _Usage, n_features: int) -> Callable[[Vector], tuple[Any, ...]]:
@@ -193,13 +211,11 @@ class CompiledRuntimeModel:
     def __init__(self, p50_dump: Mapping[str, Any], p90_dump: Mapping[str, Any],
                  n_features: int, cache_size: int = CACHE_SIZE) -> None:
         self.n_features = n_features
-        self.p50_raw, p50_usage, _ = compile_forest(p50_dump, n_features)
-        self.p90_raw, p90_usage, _ = compile_forest(p90_dump, n_features)
-        p50_usage.merge(p90_usage)
-        self.key = compile_key(p50_usage, n_features)
+        self.scores, usage, _ = compile_forests([p50_dump, p90_dump], n_features)
+        self.key = compile_key(usage, n_features)
         #: Per used feature: its sorted thresholds (numeric) or its split categories.
-        self.thresholds = {j: tuple(sorted(ts)) for j, ts in p50_usage.thresholds.items()}
-        self.categories = {j: frozenset(cs) for j, cs in p50_usage.categories.items()}
+        self.thresholds = {j: tuple(sorted(ts)) for j, ts in usage.thresholds.items()}
+        self.categories = {j: frozenset(cs) for j, cs in usage.categories.items()}
         self.used_features = sorted(set(self.thresholds) | set(self.categories))
         self.cache: dict[tuple[Any, ...], tuple[float, float]] = {}
         self.cache_size = cache_size
@@ -218,15 +234,14 @@ class CompiledRuntimeModel:
 
     def evaluate(self, x: Vector) -> tuple[float, float]:
         """Run both forests (no cache): (p50 seconds, p90 seconds), p90 never below p50."""
-        low = self.p50_raw(x)
-        offset = self.p90_raw(x)
+        low, offset = self.scores(x)
         p50 = _seconds(low)
         return p50, _seconds(low + offset) if offset > 0.0 else p50
 
     def raw(self, x: Vector) -> tuple[float, float]:
         """Log-runtime p50 and p90 scores, as LightGBM's ``raw_score`` sums give them."""
-        low = self.p50_raw(x)
-        return low, low + self.p90_raw(x)
+        low, offset = self.scores(x)
+        return low, low + offset
 
 
 def _seconds(log_runtime: float) -> float:
