@@ -176,6 +176,8 @@ class FeatureSpec:
         n_args = len(args)
         if not isinstance(kwargs, dict):
             kwargs = {}
+        hour: float | int
+        weekday: float | int
         if type(published_at) is float and 0.0 <= published_at < 1e12:  # the usual case
             days, seconds = divmod(int(published_at), 86400)
             hour, weekday = seconds // 3600, (days + 3) % 7
