@@ -170,8 +170,9 @@ class Middleware:
         argsrepr = msg_headers.get("argsrepr")
         kwargsrepr = msg_headers.get("kwargsrepr")
         declared = self._declared.get(name)
+        task_id = msg_headers.get("id")
         request = Request(
-            name, str(msg_headers.get("id", "")), args, kwargs, headers,
+            name, task_id if type(task_id) is str else str(task_id or ""), args, kwargs, headers,
             self.declared(name) if declared is None else declared,
             None if auto else _queue_name(options.get("queue")), now,
             msg_headers.get("retries") or 0,
@@ -193,8 +194,9 @@ class Middleware:
 
     def _apply(self, decision: Decision, options: dict[str, Any], auto: bool) -> None:
         headers = options.get("headers")
-        if headers:
-            headers = dict(headers) if isinstance(headers, Mapping) else {}
+        if headers:  # the caller's dict is copied, never changed
+            headers = dict(headers) if type(headers) is dict or isinstance(headers, Mapping) \
+                else {}
             headers["aitp"] = decision.header()
         else:
             headers = {"aitp": decision.header()}
