@@ -8,6 +8,7 @@ nothing opens a connection at import time.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -18,13 +19,16 @@ from kombu import Queue
 
 from celery_aitp.errors import PolicyError
 from celery_aitp.policy import Policy
+from celery_aitp.policy_history import PolicyRecorder, describe_source
 from celery_aitp.publish.hook import AUTO_ROUTE
 from celery_aitp.publish.live_view import LiveView
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.publish.request import Decision, Request
+from celery_aitp.publish.stages import GATED_REASONS
 from celery_aitp.queues import is_tier_queue, tier_queue
 from celery_aitp.settings import Settings, resolve_settings
 from celery_aitp.store import Keys, RedisStore, connect
+from celery_aitp.store.decision_log import DecisionLog
 from celery_aitp.telemetry.buffer import RecordBuffer
 from celery_aitp.telemetry.counters import Counters
 
@@ -34,6 +38,8 @@ logger = logging.getLogger(__name__)
 DECLARABLE = frozenset(
     {"accelerator", "tier", "memory_mb", "cpu", "labels", "runtime_hint_s", "impact"}
 )
+#: Explicit tier-queue publishes that go to the default queue instead.
+_TO_DEFAULT = frozenset({"explicit_queue_dead", "explicit_queue_standard"})
 _REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "socket://", "unix://")
 
 
@@ -52,9 +58,11 @@ def store_url_for(settings: Settings, broker_url: str | None) -> str:
 class Middleware:
     """Everything the publish hook and the worker steps share for one Celery app."""
 
-    def __init__(self, app: Any, policy: Any = None, **overrides: Any) -> None:
+    def __init__(self, app: Any, policy: Any = None, policy_origin: str | None = None,
+                 **overrides: Any) -> None:
         self.app = app
         self._policy_source = policy
+        self._policy_origin = policy_origin
         self._overrides = overrides
         self.counters = Counters()
         self._declared: dict[str, Mapping[str, Any]] = {}
@@ -90,11 +98,42 @@ class Middleware:
         )
         for source in self.pipeline.sources():
             live.add_source(source)
+        live.set_writer(self.store.keys.decisions, self.decision_log.append)
+        live.add_flusher(self.policy_recorder)
         return live
 
     @cached_property
     def pipeline(self) -> Pipeline:
-        return Pipeline(default_stages(self.policy))
+        return Pipeline(default_stages(self.policy, self.settings.profile_refresh_s))
+
+    @cached_property
+    def decision_log(self) -> DecisionLog:
+        """The decisions stream, indexed by task id (``celery aitp explain``)."""
+        return DecisionLog(self.store, self.settings.decision_maxlen, self.policy_digest)
+
+    @cached_property
+    def policy_recorder(self) -> PolicyRecorder:
+        """Records this process's policy in the store's policy history (once)."""
+        return PolicyRecorder(self.policy, self.policy_origin())
+
+    @cached_property
+    def policy_digest(self) -> str:
+        return self.policy_recorder.digest
+
+    def policy_origin(self) -> str:
+        """Where the active policy came from, as settings resolve it (last one wins)."""
+        if self._policy_origin:
+            return self._policy_origin
+        if self._policy_source is not None:
+            return describe_source(self._policy_source)
+        if self._overrides.get("policy") is not None:
+            return describe_source(self._overrides["policy"])
+        if os.environ.get("AITP_POLICY"):
+            return "AITP_POLICY: " + describe_source(os.environ["AITP_POLICY"])
+        conf = self.app.conf.get("aitp_policy") if hasattr(self.app.conf, "get") else None
+        if conf is not None:
+            return "app.conf.aitp_policy: " + describe_source(conf, "app.conf")
+        return describe_source(None)
 
     def use_stage(self, name: str, stage: Any) -> None:
         """Swap one pipeline stage (how later capabilities plug in).
@@ -171,21 +210,25 @@ class Middleware:
         kwargsrepr = msg_headers.get("kwargsrepr")
         declared = self._declared.get(name)
         task_id = msg_headers.get("id")
+        explicit = None if auto else _queue_name(options.get("queue"))
         request = Request(
             name, task_id if type(task_id) is str else str(task_id or ""), args, kwargs, headers,
-            self.declared(name) if declared is None else declared,
-            None if auto else _queue_name(options.get("queue")), now,
-            msg_headers.get("retries") or 0,
+            self.declared(name) if declared is None else declared, explicit, now,
+            msg_headers.get("retries") or 0, _root_id(msg_headers.get("root_id")),
             len(argsrepr) if type(argsrepr) is str else None,
             len(kwargsrepr) if type(kwargsrepr) is str else None,
         )
         view = self.live.current()
         decision = self.pipeline.decide(request, view, now)
         if not auto:
+            gated = decision.reason in GATED_REASONS
             decision.fall_back("explicit_queue")
-            explicit = request.explicit_queue
-            if explicit and is_tier_queue(explicit) and explicit not in view.live_queues:
-                decision.reason = "explicit_queue_dead"
+            if explicit and is_tier_queue(explicit):
+                # A tier queue named explicitly is almost always a retry staying put.
+                if explicit not in view.live_queues:
+                    decision.reason = "explicit_queue_dead"
+                elif gated:  # the stage does not route this task now (rolled back, or
+                    decision.reason = "explicit_queue_standard"  # the other arm)
         return decision
 
     @cached_property
@@ -215,7 +258,7 @@ class Middleware:
             for key in ("exchange", "routing_key", "exchange_type"):
                 options.pop(key, None)
             options["priority"] = 0  # one priority inside a tier queue keeps tiers strict
-        elif decision.reason == "explicit_queue_dead":
+        elif decision.reason in _TO_DEFAULT:
             options["queue"] = self.default_queue
             for key in ("exchange", "routing_key", "exchange_type"):
                 options.pop(key, None)
@@ -224,6 +267,10 @@ class Middleware:
         """Flush telemetry and stop the refresher (process shutdown)."""
         if "live" in self.__dict__:
             self.live.close()
+
+
+def _root_id(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _queue_name(queue: Any) -> str | None:

@@ -18,9 +18,19 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from celery_aitp.errors import PolicyError
+from celery_aitp.priority_policy import (
+    FairShareSettings,
+    PrioritySettings,
+    ProfileSettings,
+    TierOrder,
+)
 
 #: Names that end up inside queue names: keep them short and broker-safe.
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+#: Business-impact label names (they never end up in queue names, but stay tidy).
+LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+#: Default ratio between the read weights of neighbouring tiers (see ``tier_weights``).
+TIER_WEIGHT_RATIO = 8.0
 
 
 class Stage(str, Enum):
@@ -49,6 +59,14 @@ class Tier(_Model):
 
     name: str = Field(description="Queue-name-safe tier name, e.g. 'hi'.")
     sla_s: float = Field(gt=0, description="Target queue wait in seconds for this tier.")
+    weight: float | None = Field(
+        default=None, gt=0, le=1e6,
+        description="Share of worker reads (weighted tier order); None: 8 ** (tiers below).",
+    )
+    min_score: float | None = Field(
+        default=None, ge=0, le=1,
+        description="Lowest priority score that maps to this tier; None: an even split.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -63,6 +81,9 @@ class Tenant(_Model):
         default=None, description="Highest tier this tenant may use; None means the top tier."
     )
     weight: float = Field(default=1.0, gt=0, le=1e6, description="Fair-share weight.")
+    sla_s: float | None = Field(
+        default=None, gt=0, description="Target queue wait of this tenant's tasks (None: tiers')."
+    )
 
 
 class SplitSettings(_Model):
@@ -79,6 +100,88 @@ class SplitSettings(_Model):
         gt=0,
         description="Only tasks whose p90/p50 prediction ratio is at most this (None: any).",
     )
+
+
+class GuardConditions(_Model):
+    """What the routed arm must show in every analysis; a condition set to None is not checked."""
+
+    min_sla_hit_rate: float | None = Field(
+        default=0.95, ge=0, le=1,
+        description="Least share of routed-arm runs that waited within their tier's sla_s.",
+    )
+    max_wait_ratio: float | None = Field(
+        default=1.5, gt=0,
+        description="Routed-arm p90 wait at most this times the control group's p90 wait "
+                    "(plus wait_slack_s); the control group is the standard arm's runs that "
+                    "match the split's selectors.",
+    )
+    wait_slack_s: float = Field(
+        default=0.5, ge=0,
+        description="Seconds added to the allowed wait, so near-zero waits do not fail on noise.",
+    )
+    max_prediction_error: float | None = Field(
+        default=None, gt=0,
+        description="Largest median relative runtime prediction error on the routed arm "
+                    "(0.5 = 50%); not checked while no run carries a prediction.",
+    )
+    max_queue_age_sla: float | None = Field(
+        default=3.0, gt=0,
+        description="No starvation: the oldest message waiting in any tier queue may be at "
+                    "most this many times its tier's sla_s old.",
+    )
+    max_fallback_rate: float | None = Field(
+        default=0.05, ge=0, le=1,
+        description="Largest share of routed-arm runs that fell back to Celery's route.",
+    )
+    max_failure_rate_increase: float | None = Field(
+        default=0.02, ge=0, le=1,
+        description="Routed-arm task failure rate at most the control group's plus this.",
+    )
+
+
+class GuardSettings(_Model):
+    """The guarded promotion loop (``celery aitp guard``), in the spirit of Argo Rollouts."""
+
+    steps: tuple[float, ...] = Field(
+        default=(5.0, 25.0, 50.0, 100.0), min_length=1, max_length=50,
+        description="Split percentages to go through, increasing, each in (0, 100].",
+    )
+    interval_s: float = Field(
+        default=60.0, gt=0, le=86_400, description="Seconds between analyses.",
+    )
+    min_samples: int = Field(
+        default=30, ge=1,
+        description="Routed-arm runs an analysis needs for a verdict; with fewer it is "
+                    "inconclusive (nothing changes) unless a condition already failed.",
+    )
+    passes_per_step: int = Field(
+        default=1, ge=1, description="Passing analyses at a step before the next step.",
+    )
+    failure_limit: int = Field(
+        default=2, ge=1,
+        description="Failed analyses (during one guard run) that trigger the rollback to "
+                    "coexistence; 1 rolls back on the first failure.",
+    )
+    promote: bool = Field(
+        default=False,
+        description="After the last step passes, switch to takeover (else stay in split).",
+    )
+    dry_run: bool = Field(
+        default=False,
+        description="Only report what the guard would do (also: 'aitp guard --dry-run').",
+    )
+    conditions: GuardConditions = Field(
+        default_factory=GuardConditions, description="What every analysis checks.",
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not 0 < step <= 100 for step in value):
+            raise ValueError("every step must be a percentage in (0, 100]")
+        if any(b <= a for a, b in zip(value, value[1:], strict=False)):
+            raise ValueError("steps must increase")
+        return value
 
 
 class Policy(_Model):
@@ -111,9 +214,24 @@ class Policy(_Model):
         description="Initial stage; the stage stored in the shared store wins once set.",
     )
     split: SplitSettings = Field(default_factory=SplitSettings, description="Split settings.")
+    guard: GuardSettings = Field(
+        default_factory=GuardSettings, description="Guarded promotion and rollback."
+    )
     labels: dict[str, float] = Field(
         default_factory=dict,
         description="Business-impact labels and their weight in [0, 1].",
+    )
+    priority: PrioritySettings = Field(
+        default_factory=PrioritySettings, description="The priority matrix."
+    )
+    fair_share: FairShareSettings = Field(
+        default_factory=FairShareSettings, description="Per-tenant fair share."
+    )
+    profiles: ProfileSettings = Field(
+        default_factory=ProfileSettings, description="Resource profiles from observed runs."
+    )
+    tier_order: TierOrder = Field(
+        default=TierOrder.WEIGHTED, description="How AITP workers on Redis read their tiers."
     )
 
     @field_validator("accelerators")
@@ -123,6 +241,17 @@ class Policy(_Model):
             _check_name(name)
         if len(set(value)) != len(value):
             raise ValueError("accelerator names must be unique")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = [f"{name!r}: weight {weight!r} is not in [0, 1]" for name, weight in value.items()
+               if not 0 <= weight <= 1]
+        bad += [f"{name!r}: not a valid label name" for name in value
+                if not LABEL_PATTERN.match(name)]
+        if bad:
+            raise ValueError("; ".join(bad))
         return value
 
     @field_validator("tenants")
@@ -158,6 +287,7 @@ class Policy(_Model):
             for t in self.split.tenants
             if t not in self.tenants
         ]
+        problems += _min_score_problems(self.tiers)
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -176,11 +306,38 @@ class Policy(_Model):
     def lowest_tier(self) -> str:
         return self.tiers[-1].name
 
+    def tier_weights(self) -> dict[str, float]:
+        """Read weight per tier: explicit, else ``8 ** (number of tiers below it)``."""
+        n = len(self.tiers)
+        return {t.name: t.weight if t.weight is not None else TIER_WEIGHT_RATIO ** (n - 1 - i)
+                for i, t in enumerate(self.tiers)}
+
+    def tier_min_scores(self) -> tuple[float, ...]:
+        """Lowest score of each tier, highest tier first; the lowest tier takes the rest."""
+        n = len(self.tiers)
+        scores = [t.min_score if t.min_score is not None else 1 - (i + 1) / n
+                  for i, t in enumerate(self.tiers)]
+        scores[-1] = 0.0
+        return tuple(scores)
+
     def allowed_tiers(self, tenant: str) -> tuple[str, ...]:
         """Tiers the tenant may use, highest first."""
         cap = self.tenants[tenant].max_tier
         names = self.tier_names
         return names if cap is None else names[names.index(cap) :]
+
+
+def _min_score_problems(tiers: tuple[Tier, ...]) -> list[str]:
+    """Explicit ``min_score`` values must fall from the highest tier to the lowest."""
+    n = len(tiers)
+    last = 1.01
+    problems = []
+    for i, tier in enumerate(tiers[:-1]):
+        score = tier.min_score if tier.min_score is not None else 1 - (i + 1) / n
+        if score >= last:
+            problems.append(f"tiers.{i}.min_score: {score:g} must be below the tier above's")
+        last = score
+    return problems
 
 
 def _format_errors(exc: ValidationError) -> str:

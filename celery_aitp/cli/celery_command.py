@@ -37,6 +37,13 @@ COMMANDS = (
     "celery_aitp.cli.train",
     "celery_aitp.cli.trainer",
     "celery_aitp.cli.model",
+    "celery_aitp.cli.stage",
+    "celery_aitp.cli.history",
+    "celery_aitp.cli.report",
+    "celery_aitp.cli.guard",
+    "celery_aitp.cli.explain",
+    "celery_aitp.cli.policy_history",
+    "celery_aitp.cli.dashboard",
 )
 
 

@@ -31,18 +31,6 @@ logger = logging.getLogger(__name__)
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
-class Sink(Protocol):
-    """Telemetry a component ships to the store with each refresh round (e.g. summaries).
-
-    ``flush`` runs in the refresher thread after counters and records; it may raise
-    :class:`StoreError` (the round stops there and tries again next time).
-    """
-
-    name: str
-
-    def flush(self, store: RedisStore) -> None: ...
-
-
 class Source(Protocol):
     """Shared state a stage needs on the publish path, fetched in the background.
 
@@ -102,6 +90,10 @@ def stage_from_doc(doc: dict[str, Any] | None, policy: Policy) -> tuple[Stage, S
 
 
 Listener = Callable[[View], None]
+#: Ships batched state in the refresher round (e.g. a worker's profile samples).
+Flusher = Callable[[RedisStore], None]
+#: Writes a batch of records to one stream instead of the plain capped append.
+Writer = Callable[[list[dict[str, Any]]], Any]
 
 
 def _forget_in_child(ref: weakref.ReferenceType[LiveView]) -> Callable[[], None]:
@@ -135,8 +127,9 @@ class LiveView:
         self.buffers: dict[str, RecordBuffer] = {}
         self._record_limits = record_limits or {}
         self._listeners: list[Listener] = []
+        self._flushers: list[Flusher] = []
+        self._writers: dict[str, Writer] = {}
         self._sources: list[Source] = []
-        self._sinks: list[Sink] = []
         self._view = View(frozenset(), policy.stage, policy.split, fresh=False)
         self._lock = threading.Lock()
         self._running = False  # reset in a forked child, which has no refresher thread
@@ -170,14 +163,21 @@ class LiveView:
         self._view = View(view.live_queues, view.stage, view.split, view.fresh,
                           view.model_version, view.fetched_at, MappingProxyType(values))
 
-    def add_sink(self, sink: Sink) -> None:
-        """Flush ``sink`` in every refresh round (at most one sink per name)."""
-        if not any(s.name == sink.name for s in self._sinks):
-            self._sinks.append(sink)
-
     def on_refresh(self, listener: Listener) -> None:
-        """Call ``listener(view)`` after every successful refresh (e.g. model reload)."""
-        self._listeners.append(listener)
+        """Call ``listener(view)`` after every successful refresh (e.g. model reload).
+
+        Registering the same listener again does nothing.
+        """
+        if listener not in self._listeners:
+            self._listeners.append(listener)
+
+    def add_flusher(self, flusher: Flusher) -> None:
+        """Call ``flusher(store)`` in every flush; it keeps its batch if it raises."""
+        self._flushers.append(flusher)
+
+    def set_writer(self, stream: str, writer: Writer) -> None:
+        """Write ``stream``'s records with ``writer(records)`` (it raises StoreError)."""
+        self._writers[stream] = writer
 
     def buffer(self, stream: str) -> RecordBuffer:
         """The record buffer feeding a store stream (created on first use)."""
@@ -232,25 +232,28 @@ class LiveView:
         except StoreError:
             self.counters.restore(counts)
             return
+        for flusher in self._flushers:
+            try:
+                flusher(self.store)
+            except StoreError:
+                return
+            except Exception:  # a broken flusher must not stop the others or the refresher
+                self.counters.incr("flush_errors")
+                logger.exception("aitp: flusher failed")
         for stream, buf in list(self.buffers.items()):
-            # Decisions are buffered as objects and encoded here, off the publish path.
-            records = [r if type(r) is dict or type(r) is str else r.record_json()
-                       for r in buf.take()]
+            records = buf.take()
             if not records:
                 continue
+            writer = self._writers.get(stream)
             try:
-                self.store.append_records(stream, records, self._record_limits.get(stream, 100_000))
+                if writer is not None:
+                    writer(records)
+                else:
+                    self.store.append_records(stream, records,
+                                              self._record_limits.get(stream, 100_000))
             except StoreError:
                 buf.put_back(records)
                 return
-        for sink in self._sinks:
-            try:
-                sink.flush(self.store)
-            except StoreError:
-                return
-            except Exception:  # a broken sink must not stop the refresher
-                self.counters.incr(f"sink_errors:{sink.name}")
-                logger.exception("aitp: sink %s failed", sink.name)
 
     def _forget_thread(self) -> None:
         self._running = False

@@ -26,7 +26,7 @@ class Request:
 
     __slots__ = (
         "task", "task_id", "args", "kwargs", "headers", "declared",
-        "explicit_queue", "published_at", "retries", "args_bytes", "kwargs_bytes",
+        "explicit_queue", "published_at", "retries", "root_id", "args_bytes", "kwargs_bytes",
     )
 
     def __init__(
@@ -40,6 +40,7 @@ class Request:
         explicit_queue: str | None = None,
         published_at: float = 0.0,
         retries: int = 0,
+        root_id: str | None = None,
         args_bytes: int | None = None,
         kwargs_bytes: int | None = None,
     ) -> None:
@@ -52,6 +53,7 @@ class Request:
         self.explicit_queue = explicit_queue
         self.published_at = published_at
         self.retries = retries
+        self.root_id = root_id  # the workflow's first task (chains, chords); None if alone
         #: Lengths of Celery's ``argsrepr``/``kwargsrepr`` headers: a free size proxy.
         self.args_bytes = args_bytes
         self.kwargs_bytes = kwargs_bytes
@@ -64,6 +66,7 @@ class Decision:
         "task", "task_id", "tenant", "tier", "accelerator", "features", "predicted_runtime_s",
         "predicted_p90_s", "prediction_source", "profile", "score", "factors",
         "queue", "routed", "reason", "stage", "arm", "decided_at", "notes",
+        "tier_steps", "origin_at",
     )
 
     def __init__(self, stage: str, decided_at: float, task: str = "", task_id: str = "") -> None:
@@ -87,6 +90,8 @@ class Decision:
         self.arm: str | None = None  # 'routed' or 'standard' in the split stage
         self.decided_at: float = decided_at
         self.notes: list[str] = []  # counted anomalies, e.g. 'tenant_unknown'
+        self.tier_steps: dict[str, Any] | None = None  # how the score became the tier
+        self.origin_at: float | None = None  # first publish of this task (kept by retries)
 
     def fall_back(self, reason: str) -> Decision:
         """Send the task down Celery's own path, keeping what was decided for the record."""
@@ -99,7 +104,7 @@ class Decision:
 
         Always: v, tenant, tier, accelerator, predicted_runtime_s (null when unknown),
         stage, routed, queue, reason, decided_at. Optional fields (predicted_p90_s,
-        prediction_source, arm, score) are left out when unset: every byte is
+        prediction_source, arm, score, origin_at) are left out when unset: every byte is
         JSON-encoded on each publish. Readers use ``header.get(field)``.
         """
         header = {
@@ -121,6 +126,8 @@ class Decision:
             header["arm"] = self.arm
         if self.score is not None:
             header["score"] = self.score
+        if self.origin_at is not None:
+            header["origin_at"] = self.origin_at
         return header
 
     def record(self) -> dict[str, Any]:
@@ -146,7 +153,9 @@ class Decision:
             "score": self.score,
             "factors": self.factors,
             "profile": self.profile,
+            "tier_steps": self.tier_steps,
             "decided_at": self.decided_at,
+            "origin_at": self.origin_at,
         }
 
     def record_json(self) -> str:
@@ -168,7 +177,8 @@ class Decision:
                 f'"predicted_runtime_s":{_number(self.predicted_runtime_s)},'
                 f'"predicted_p90_s":{_number(self.predicted_p90_s)},'
                 f'"score":{_number(self.score)},"factors":{_detail(self.factors)},'
-                f'"profile":{_detail(self.profile)},"decided_at":{_number(self.decided_at)}}}')
+                f'"profile":{_detail(self.profile)},"tier_steps":{_detail(self.tier_steps)},'
+                f'"decided_at":{_number(self.decided_at)},"origin_at":{_number(self.origin_at)}}}')
 
 
 _SHARED_FIELDS = ("tenant", "tier", "accelerator", "prediction_source", "stage", "routed",

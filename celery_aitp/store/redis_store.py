@@ -16,7 +16,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_aitp.errors import StoreError
+from celery_aitp.errors import StageConflict, StoreError
 from celery_aitp.store.keys import Keys
 
 HISTORY_LIMIT = 1000
@@ -29,6 +29,8 @@ end
 return #ARGV - 1
 """
 _ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
+#: ``write_stage(expect=ANY)``: write whatever is stored now.
+ANY: Any = object()
 
 
 def redis_url_for(url: str) -> str:
@@ -135,18 +137,33 @@ class RedisStore:
             raw = self.client.hget(self.keys.stage, "doc")
         return _json_or_none(raw)
 
-    def write_stage(self, doc: Mapping[str, Any], who: str) -> dict[str, Any] | None:
-        """Replace the stage document and append the change to the audit log."""
-        entry = {"at": time.time(), "who": who, "new": dict(doc)}
-        with _translated():
-            old = self.read_stage()
-            entry["old"] = old
-            pipe = self.client.pipeline(transaction=True)
-            pipe.hset(self.keys.stage, "doc", json.dumps(dict(doc)))
-            pipe.lpush(self.keys.stage_history, json.dumps(entry))
-            pipe.ltrim(self.keys.stage_history, 0, HISTORY_LIMIT - 1)
-            pipe.execute()
-        return old
+    def write_stage(self, doc: Mapping[str, Any], who: str, why: str | None = None,
+                    expect: Any = ANY) -> dict[str, Any] | None:
+        """Replace the stage document and append the change to the audit log; returns the old.
+
+        Read, write and log happen in one optimistic transaction (WATCH), so the logged
+        ``old`` is exactly what was replaced even with concurrent writers. With
+        ``expect``, the write happens only if the stored document still equals it
+        (compare-and-set, for the guard); otherwise :class:`StageConflict` is raised.
+        """
+        key = self.keys.stage
+        with _translated(), self.client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    old = _json_or_none(pipe.hget(key, "doc"))
+                    if expect is not ANY and old != expect:
+                        raise StageConflict(f"the stage changed meanwhile (now {old!r})")
+                    entry = {"at": time.time(), "who": who, "why": why, "old": old,
+                             "new": dict(doc)}
+                    pipe.multi()
+                    pipe.hset(key, "doc", json.dumps(dict(doc)))
+                    pipe.lpush(self.keys.stage_history, json.dumps(entry))
+                    pipe.ltrim(self.keys.stage_history, 0, HISTORY_LIMIT - 1)
+                    pipe.execute()
+                    return old if isinstance(old, dict) else None
+                except redis.WatchError:
+                    continue
 
     def stage_history(self, limit: int = 50) -> list[dict[str, Any]]:
         with _translated():

@@ -2,7 +2,8 @@
 
 Runs in every worker of an app with the middleware (and on demand from
 ``celery aitp evacuate``). A tier queue whose last advertisement has expired is drained
-into the default queue by the broker adapter's atomic move. Bound: a message waits at
+into the default queue by the broker adapter's atomic move; in the coexistence stage
+every tier queue is (after a rollback nothing may wait there). Bound: a message waits at
 most ``worker_ttl_s + evacuate_interval_s`` (15 s by default) after its last consumer
 disappeared before it is on the default queue.
 """
@@ -17,6 +18,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from celery_aitp.errors import AdapterError, StoreError
+from celery_aitp.policy import Stage
+from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.queues import all_tier_queues
 from celery_aitp.registry import QUEUE_OPS, resolve
 
@@ -59,13 +62,22 @@ class Janitor:
         total = sum(moved.values())
         if total:
             self.middleware.counters.incr("evacuated", total)
-            logger.warning("aitp: moved %d message(s) from orphaned tier queues to %s: %s",
+            logger.warning("aitp: moved %d message(s) from tier queues to %s: %s",
                            total, default, moved)
         return moved
 
     def sweep(self) -> dict[str, int]:
-        """One pass: drain every known tier queue that has no live consumer."""
-        live = self.middleware.store.live_queues()
+        """One pass: drain every known tier queue that has no live consumer.
+
+        In coexistence nothing should wait in a tier queue at all (a rollback drained
+        them; only a process that could not see the change still routes), so every
+        tier queue is drained.
+        """
+        store = self.middleware.store
+        stage, _ = stage_from_doc(store.read_stage(), self.middleware.policy)
+        if stage is Stage.COEXISTENCE:
+            return self.evacuate(self.known_queues())
+        live = store.live_queues()
         return self.evacuate(q for q in self.known_queues() if q not in live)
 
     def run(self, stop: threading.Event) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import resource
 import socket
 import time
@@ -20,6 +21,8 @@ from celery import signals
 
 from celery_aitp.predict.features import argument_features
 from celery_aitp.predict.history import HistorySink
+from celery_aitp.worker.ledger import RunLedger
+from celery_aitp.worker.meter import RunMeter, make_probe
 
 logger = logging.getLogger(__name__)
 
@@ -74,18 +77,31 @@ class Observer:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self._started: dict[str, tuple[float, float, float, float]] = {}
+        self._started: dict[str, tuple[float, float, float]] = {}
+        self._pid = 0  # the meter, ledger and history sink belong to one (pool) process
+        self._meter: RunMeter | None = None
+        self._ledger: RunLedger | None = None
+        self._history: HistorySink | None = None
         #: Accelerator class of this worker (set by the worker step; None if unflagged).
         self.accelerator: str | None = None
-        self._history: HistorySink | None = None
 
-    def history(self) -> HistorySink:
-        """The per-(tenant, task) summary sink, flushed with this process's telemetry."""
-        if self._history is None:
+    def _parts(self) -> tuple[RunMeter, RunLedger, HistorySink]:
+        """Per-run meter, run ledger and history sink of this process, built on its first
+        task (a forked child starts its own: the parent's pending runs are not its)."""
+        if (self._meter is None or self._ledger is None or self._history is None
+                or self._pid != os.getpid()):
+            if self._ledger is not None:
+                self._ledger.take()  # a forked copy of the parent's: its runs are not ours
             mw = self.app.aitp
+            settings = mw.settings
+            self._meter = RunMeter(make_probe(settings.accelerator_probe),
+                                   settings.per_run_memory)
+            self._ledger = RunLedger(mw.policy, mw.counters)
+            mw.live.add_flusher(self._ledger.flush)
             self._history = HistorySink(mw.counters)
-            mw.live.add_sink(self._history)
-        return self._history
+            mw.live.add_flusher(self._history.flush)
+            self._pid = os.getpid()
+        return self._meter, self._ledger, self._history
 
     def prerun(self, task_id: str | None = None, task: Any = None, **_: Any) -> None:
         if task is None or task.app is not self.app or task_id is None:
@@ -94,8 +110,11 @@ class Observer:
             self.app.aitp.live.current()  # make sure this process ships its records
         except Exception:
             logger.debug("aitp: live view unavailable in worker", exc_info=True)
-        self._started[task_id] = (time.time(), time.perf_counter(), _cpu_seconds(),
-                                  _peak_rss_mb())
+        try:
+            self._parts()[0].start(task_id)
+        except Exception:
+            logger.debug("aitp: run meter unavailable", exc_info=True)
+        self._started[task_id] = (time.time(), time.perf_counter(), _cpu_seconds())
 
     def postrun(self, task_id: str | None = None, task: Any = None, state: str | None = None,
                 args: Any = None, kwargs: Any = None, **_: Any) -> None:
@@ -103,25 +122,28 @@ class Observer:
         if started is None or task is None:
             return
         try:
+            meter, ledger, history = self._parts()
+            measures = meter.stop(task_id or "")
             record = self._record(task, task_id or "", state, args, kwargs, started)
+            record.update(measures)
             mw = self.app.aitp
             mw.live.buffer(mw.store.keys.observations).add(record)
+            ledger.add(record)
             if state == "SUCCESS" and record["tenant"]:
-                self.history().add(record["tenant"], record["task"], record["runtime_s"])
+                history.add(record["tenant"], record["task"], record["runtime_s"])
         except Exception:  # recording must never fail a task
             self.app.aitp.counters.incr("observations_failed")
             logger.debug("aitp: could not record run of %s", task_id, exc_info=True)
 
     def _record(self, task: Any, task_id: str, state: str | None, args: Any, kwargs: Any,
-                started: tuple[float, float, float, float]) -> dict[str, Any]:
-        start_wall, start_perf, start_cpu, start_rss = started
+                started: tuple[float, float, float]) -> dict[str, Any]:
+        start_wall, start_perf, start_cpu = started
         runtime = time.perf_counter() - start_perf
         request = task.request
         header = _header(request)
         delivery = getattr(request, "delivery_info", None) or {}
         decided_at = header.get("decided_at")
         ready_at = _eta_seconds(getattr(request, "eta", None)) or decided_at
-        peak = _peak_rss_mb()
         declared = getattr(task, "aitp", None)
         hint = declared.get("runtime_hint_s") if isinstance(declared, dict) else None
         call_args = list(args) if isinstance(args, (list, tuple)) else []
@@ -156,8 +178,7 @@ class Observer:
             "wait_s": (start_wall - ready_at) if isinstance(ready_at, (int, float)) else None,
             "runtime_s": runtime,
             "cpu_s": _cpu_seconds() - start_cpu,
-            "peak_rss_mb": peak,
-            "rss_growth_mb": max(0.0, peak - start_rss),
+            "peak_rss_mb": _peak_rss_mb(),
             "outcome": state,
             "retries": getattr(request, "retries", 0) or 0,
         }

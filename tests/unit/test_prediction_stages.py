@@ -85,8 +85,8 @@ def test_the_model_predicts_once_promoted(synthetic_app, store, published, train
     assert model.version == trained.bundle.version
     h = publish(synthetic_app, published, "media.resize", 640, 480, quality=85)
     assert h["prediction_source"] == "model"
-    request = Request("media.resize", "id", (640, 480), {"quality": 85}, {}, {}, None,
-                      h["decided_at"], 0, len("(640, 480)"), len("{'quality': 85}"))
+    request = Request("media.resize", "id", (640, 480), {"quality": 85}, published_at=h[
+        "decided_at"], args_bytes=len("(640, 480)"), kwargs_bytes=len("{'quality': 85}"))
     decision = Decision("takeover", h["decided_at"])
     decision.tenant = "acme"
     synthetic_app.aitp.pipeline.stages[1](request, decision, view)  # the features stage
