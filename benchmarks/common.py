@@ -71,6 +71,15 @@ def install_model(middleware: Any, bundle: ModelBundle | None,
         raise SystemExit("the benchmark model was not picked up")
 
 
+def close(middleware: Any) -> None:
+    """Stop a benchmark app's refresher for good: no flush at exit recreates its keys."""
+    import atexit
+
+    middleware.close()
+    if "live" in middleware.__dict__:
+        atexit.unregister(middleware.live.flush)
+
+
 def cleanup(url: str, patterns: Iterable[str]) -> None:
     """Delete this run's keys (only those matching ``patterns``)."""
     import redis

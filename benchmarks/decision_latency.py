@@ -130,7 +130,7 @@ def main() -> None:
         fresh.aitp.live.current()
         rows.append(("cold start: nothing known", timings(fresh.aitp.on_publish,
                                                           messages(fresh, unknown))))
-        fresh.aitp.close()
+        common.close(fresh.aitp)
         common.cleanup(args.redis, [f"bench-{run}n*"])
 
         mw.store.withdraw("bench-worker@localhost")
@@ -163,7 +163,7 @@ def main() -> None:
     finally:
         lightgbm.Booster.predict = original_predict
         for a in (app, cold):
-            a.aitp.close()
+            common.close(a.aitp)
         common.cleanup(args.redis, [f"bench-{run}*"])
 
     print(f"\ndecision latency (Middleware.on_publish, one call at a time, {args.tasks} "

@@ -73,7 +73,7 @@ class Variant:
 
     def close(self) -> None:
         if self.middleware is not None:
-            self.middleware.close()
+            common.close(self.middleware)
 
 
 def _noop(*args: Any, **kwargs: Any) -> None:
@@ -170,7 +170,8 @@ def main() -> None:
             results.append(("rabbitmq", run_broker("rabbitmq", args.amqp, args.redis, args,
                                                    bundle, history, messages, run)))
     finally:
-        common.cleanup(args.redis, [f"bench-{run}*"])
+        common.cleanup(args.redis, [f"bench-{run}*", f"_kombu.binding*.bench-{run}*",
+                                    f"_kombu.binding*.aitp.*-{run}.*"])
     print(f"\npublish overhead: {args.tasks} tasks x {args.rounds} rounds per variant, "
           "interleaved; median us/task; ratio = median of per-round ratios to plain Celery\n")
     print(f"{'broker':9} {'variant':22} {'wall us':>9} {'ratio':>7} {'cpu us':>9} {'ratio':>7}")
