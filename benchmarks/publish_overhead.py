@@ -98,15 +98,19 @@ def empty_queues(broker: str, queues: list[str]) -> None:
 
 
 def delete_queues(broker: str, queues: list[str]) -> None:
+    """Delete the run's queues and their exchanges (each queue has one of its name)."""
     from kombu import Connection
 
     with Connection(broker) as conn:
-        channel = conn.default_channel
         for queue in queues:
-            try:
-                channel.queue_delete(queue)
-            except Exception:  # noqa: S112 - already gone
-                continue
+            for delete in (conn.default_channel.queue_delete,
+                           conn.default_channel.exchange_delete):
+                try:
+                    delete(queue)
+                except Exception:  # noqa: S112 - already gone (the channel reopens)
+                    conn.close()
+                    conn.connect()
+                    continue
 
 
 def run_broker(label: str, broker: str, store_url: str, args: argparse.Namespace,
