@@ -30,6 +30,7 @@ from benchmarks.scheduling import trace_name  # noqa: E402
 from benchmarks.workload import SLOTS  # noqa: E402
 from celery_aitp.cli.output import console, table  # noqa: E402
 from celery_aitp.cli.replay import execute  # noqa: E402
+from celery_aitp.predict.bundle import ModelBundle  # noqa: E402
 from celery_aitp.replay.app import app_declarations, embedded_stores, policies_for_app  # noqa: E402
 from celery_aitp.replay.metrics import RunStats, run_stats  # noqa: E402
 from celery_aitp.replay.runner import (  # noqa: E402
@@ -91,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                           overhead_s=args.overhead_ms / 1000, declarations=app_declarations(mw))
     labels = item_labels(load_jsonl(args.results / trace_name("aitp")))
     rows, failures, checked = [], 0, 0
-    with embedded_stores() as stores, tempfile.TemporaryDirectory() as scratch:
+    model_dir = args.results / "scheduling-model"
+    model = ModelBundle.read(model_dir) if model_dir.is_dir() else None
+    console.print(f"runtime model: {model.version if model else 'none (cold start)'}")
+    with embedded_stores(model=model) as stores, tempfile.TemporaryDirectory() as scratch:
         config.store_factory = stores
         for run in ("fifo", "aitp", "oracle"):
             trace = load_jsonl(args.results / trace_name(run))

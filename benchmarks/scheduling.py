@@ -63,6 +63,7 @@ class Measured:
     finished: list[float]
     tiers: list[str | None]
     observations: list[dict[str, Any]] = field(default_factory=list)
+    model: Any = None  # the runtime model the run predicted with (a ModelBundle), if any
     reasons: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -137,14 +138,22 @@ class Bench:
                     notes = self.warm_up(app, mode)
                 else:
                     notes = []
+                model = self.current_model(app) if mode == "aitp" else None
                 measured = self.measure(app, mode)
                 measured.notes += notes
+                measured.model = model
             if mode != "fifo":
                 self.collect_observations(app, measured)
                 app.aitp.close()
         finally:
             self.cleanup(mode)
         return measured
+
+    @staticmethod
+    def current_model(app: Any) -> Any:
+        from celery_aitp.predict.model_store import ModelStore
+
+        return ModelStore(app.aitp.store).read()
 
     def wait_live(self, app: Any, timeout_s: float = 30.0) -> None:
         """Until the producer's view lists every tier queue as served."""
@@ -353,6 +362,10 @@ def write_outputs(out: Path, bench: Bench, runs: dict[str, Measured], all_stats:
                     for t in found],
         "elapsed_s": elapsed,
     }
+    model_dir = out / "scheduling-model"
+    if "aitp" in runs and runs["aitp"].model is not None:
+        runs["aitp"].model.save(model_dir)
+        console.print(f"model {runs['aitp'].model.version} -> {model_dir}")
     (out / "scheduling.json").write_text(json.dumps(doc, indent=2) + "\n")
     (out / "scheduling.md").write_text(markdown(all_stats, found))
     ordered = [series(runs[m], labels) for m in RUN_ORDER if m in runs]

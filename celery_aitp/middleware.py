@@ -29,6 +29,7 @@ from celery_aitp.queues import is_tier_queue, tier_queue
 from celery_aitp.settings import Settings, resolve_settings
 from celery_aitp.store import Keys, RedisStore, connect
 from celery_aitp.store.decision_log import DecisionLog
+from celery_aitp.telemetry.buffer import RecordBuffer
 from celery_aitp.telemetry.counters import Counters
 
 logger = logging.getLogger(__name__)
@@ -194,19 +195,28 @@ class Middleware:
 
     def _decide(self, name: str, message: Any, options: dict[str, Any], auto: bool,
                 now: float) -> Decision:
-        headers = options.get("headers") or {}
-        msg_headers = message.headers if isinstance(message.headers, dict) else {}
+        headers = options.get("headers")
+        if type(headers) is not dict:
+            headers = headers if isinstance(headers, Mapping) else {}
+        msg_headers = message.headers
+        if type(msg_headers) is not dict:
+            msg_headers = {}
         body = message.body
-        if isinstance(body, tuple) and len(body) >= 2:
+        if type(body) is tuple and len(body) >= 2:
             args, kwargs = body[0], body[1]
         else:
             args, kwargs = (), {}
+        argsrepr = msg_headers.get("argsrepr")
+        kwargsrepr = msg_headers.get("kwargsrepr")
+        declared = self._declared.get(name)
+        task_id = msg_headers.get("id")
         explicit = None if auto else _queue_name(options.get("queue"))
         request = Request(
-            name, str(msg_headers.get("id", "")), args, kwargs,
-            headers if isinstance(headers, Mapping) else {},
-            self.declared(name), explicit, now, msg_headers.get("retries") or 0,
-            _root_id(msg_headers.get("root_id")),
+            name, task_id if type(task_id) is str else str(task_id or ""), args, kwargs, headers,
+            self.declared(name) if declared is None else declared, explicit, now,
+            msg_headers.get("retries") or 0, _root_id(msg_headers.get("root_id")),
+            len(argsrepr) if type(argsrepr) is str else None,
+            len(kwargsrepr) if type(kwargsrepr) is str else None,
         )
         view = self.live.current()
         decision = self.pipeline.decide(request, view, now)
@@ -221,12 +231,21 @@ class Middleware:
                     decision.reason = "explicit_queue_standard"  # the other arm)
         return decision
 
+    @cached_property
+    def _decision_records(self) -> RecordBuffer:
+        return self.live.buffer(self.store.keys.decisions)
+
     def _apply(self, decision: Decision, options: dict[str, Any], auto: bool) -> None:
         headers = options.get("headers")
-        headers = dict(headers) if isinstance(headers, Mapping) else {}
-        headers["aitp"] = decision.header()
+        if headers:  # the caller's dict is copied, never changed
+            headers = dict(headers) if type(headers) is dict or isinstance(headers, Mapping) \
+                else {}
+            headers["aitp"] = decision.header()
+        else:
+            headers = {"aitp": decision.header()}
         options["headers"] = headers
-        self.live.buffer(self.store.keys.decisions).add(decision.record())
+        # The Decision itself is buffered: the refresher builds its record off this path.
+        self._decision_records.add(decision)
         counters = self.counters
         # decisions:<stage>:<tenant>:<tier>:<accelerator>:<reason> (bounded by the policy;
         # the reason goes last because 'error:<Type>' contains the separator)

@@ -164,7 +164,12 @@ def command(ctx: click.Context, trace: str | None, policy: str | None, versus: t
             report: Path) -> None:
     """Replay TRACE (a JSON-lines file; default: the store's observations) under a policy."""
     from celery_aitp.cli.celery_command import middleware_of
-    from celery_aitp.replay.app import app_declarations, embedded_stores, policies_for_app
+    from celery_aitp.replay.app import (
+        app_declarations,
+        app_model,
+        embedded_stores,
+        policies_for_app,
+    )
 
     mw = middleware_of(ctx)
     try:
@@ -181,7 +186,9 @@ def command(ctx: click.Context, trace: str | None, policy: str | None, versus: t
     config = config_for(loaded, workers, consumption, overhead_ms, app_declarations(mw),
                         str(mw.app.conf.task_default_queue), mw.policy.default_accelerator,
                         count_from_s)
-    with embedded_stores() as stores:
+    model = app_model(mw)
+    console.print(f"runtime model: {model.version if model else 'none (cold start)'}")
+    with embedded_stores(model=model) as stores:
         config.store_factory = stores
         execute(loaded, source, tests, config, report)
 
@@ -190,10 +197,13 @@ def command(ctx: click.Context, trace: str | None, policy: str | None, versus: t
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--policy", "policy", required=True, type=click.Path(dir_okay=False),
               help="Policy file to try.")
+@click.option("--model", "model_dir", default=None, type=click.Path(file_okay=False),
+              help="Runtime model directory (from `celery-aitp train --out`); default: none, "
+                   "predictions start cold from the replayed runs' history.")
 @replay_options
-def offline_command(trace: str, policy: str, versus: tuple[str, ...], workers: str | None,
-                    consumption: str, overhead_ms: float, count_from_s: float,
-                    report: Path) -> None:
+def offline_command(trace: str, policy: str, model_dir: str | None, versus: tuple[str, ...],
+                    workers: str | None, consumption: str, overhead_ms: float,
+                    count_from_s: float, report: Path) -> None:
     """Replay TRACE (observation records, JSON lines) under a policy, FIFO and the oracle.
 
     Without an app the tasks' declarations are unknown: each record's accelerator and
@@ -209,6 +219,14 @@ def offline_command(trace: str, policy: str, versus: tuple[str, ...], workers: s
     config = config_for(loaded, workers, consumption, overhead_ms, recorded_declarations,
                         default_accelerator=tests[0].policy.default_accelerator,
                         count_from_s=count_from_s)
-    with embedded_stores() as stores:
+    model = None
+    if model_dir:
+        from celery_aitp.predict.bundle import ModelBundle
+
+        try:
+            model = ModelBundle.read(model_dir)
+        except AitpError as exc:
+            fail(f"--model: {exc}")
+    with embedded_stores(model=model) as stores:
         config.store_factory = stores
         execute(loaded, trace, tests, config, report)

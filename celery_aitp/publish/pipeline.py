@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from celery_aitp.policy import Policy
+from celery_aitp.predict.stages import prediction_stages
 from celery_aitp.publish.live_view import Source, View
 from celery_aitp.publish.priority_stage import PriorityStage
 from celery_aitp.publish.profile_stage import ProfileStage
@@ -21,12 +22,15 @@ STAGE_ORDER = ("tenant", "features", "predict", "profile", "priority", "route", 
 
 
 def default_stages(policy: Policy, profile_refresh_s: float = 10.0,
-                   clock: Callable[[], float] = time.time) -> dict[str, PublishStage]:
-    """The stages every deployment starts with; ``clock`` is simulated time in a replay."""
+                   clock: Callable[[], float] | None = None) -> dict[str, PublishStage]:
+    """The stages every deployment starts with; ``clock`` is simulated time in a replay
+    (None: the wall clock, and the monotonic one where a stage measures intervals)."""
+    wall = clock or time.time
     return {
         "tenant": TenantStage(policy),
-        "profile": ProfileStage(policy, profile_refresh_s, clock),
-        "priority": PriorityStage(policy, clock),
+        **prediction_stages(clock),
+        "profile": ProfileStage(policy, profile_refresh_s, wall),
+        "priority": PriorityStage(policy, wall),
         "route": RouteStage(),
         "gate": GateStage(),
     }
@@ -44,8 +48,15 @@ class Pipeline:
         )
 
     def sources(self) -> list[Source]:
-        """Background-fetched state the stages declared (``stage.sources``), in order."""
-        return [src for stage in self.stages for src in getattr(stage, "sources", ())]
+        """Background-fetched state the stages declared (``stage.sources``), in order.
+
+        Stages may share a source: it is listed (and fetched) once, under its name.
+        """
+        found: dict[str, Source] = {}
+        for stage in self.stages:
+            for source in getattr(stage, "sources", ()):
+                found.setdefault(source.name, source)
+        return list(found.values())
 
     def replace(self, name: str, stage: PublishStage) -> Pipeline:
         """A new pipeline with one stage swapped in (or added in its slot)."""
@@ -54,7 +65,7 @@ class Pipeline:
         return Pipeline(current)
 
     def decide(self, request: Request, view: View, now: float) -> Decision:
-        decision = Decision(view.stage.value, now, request.task, request.task_id)
+        decision = Decision(view.stage_value, now, request.task, request.task_id)
         for stage in self.stages:
             stage(request, decision, view)
         return decision

@@ -100,7 +100,7 @@ class GateStage:
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         stage = view.stage
-        decision.stage = stage.value
+        decision.stage = view.stage_value
         if stage is Stage.TAKEOVER:
             return
         if stage is Stage.COEXISTENCE:

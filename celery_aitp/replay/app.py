@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from celery_aitp.errors import ModelError, StoreError
 from celery_aitp.policy import Policy, read_policy_file
+from celery_aitp.predict.bundle import ModelBundle
+from celery_aitp.predict.model_store import ModelStore
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.replay.feed import StoreFactory
 from celery_aitp.replay.routers import Declarations, recorded_declarations
 from celery_aitp.replay.runner import PipelineFactory, PolicyUnderTest
 from celery_aitp.store import Keys, RedisStore, connect
+
+logger = logging.getLogger(__name__)
 
 
 def default_pipeline(policy: Policy, clock: Callable[[], float],
@@ -76,9 +82,20 @@ def app_declarations(mw: Any) -> Declarations:
     return declared
 
 
+def app_model(mw: Any) -> ModelBundle | None:
+    """The app's current runtime model (None if there is none or the store is unreachable)."""
+    try:
+        return ModelStore(mw.store).read()
+    except (StoreError, ModelError) as exc:
+        logger.warning("aitp replay: not using the app's model: %s", exc)
+        return None
+
+
 @contextlib.contextmanager
-def embedded_stores(prefix: str = "aitp-replay") -> Iterator[StoreFactory]:
-    """Private stores for the pipeline's sources, on one embedded Redis started on demand."""
+def embedded_stores(prefix: str = "aitp-replay",
+                    model: ModelBundle | None = None) -> Iterator[StoreFactory]:
+    """Private stores for the pipeline's sources, on one embedded Redis started on demand;
+    each starts with ``model`` promoted (the runtime model the replay predicts with)."""
     from celery_aitp.demo.embedded import EmbeddedRedis
 
     server: EmbeddedRedis | None = None
@@ -89,7 +106,10 @@ def embedded_stores(prefix: str = "aitp-replay") -> Iterator[StoreFactory]:
         if server is None:
             server = EmbeddedRedis().start()
         made += 1
-        return RedisStore(connect(server.url, 5.0), Keys(f"{prefix}-{made}"))
+        store = RedisStore(connect(server.url, 5.0), Keys(f"{prefix}-{made}"))
+        if model is not None:
+            ModelStore(store).promote(model)
+        return store
 
     try:
         yield factory

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_aitp.policy import Policy
+from celery_aitp.predict.history import HistorySink
 from celery_aitp.publish.pipeline import Pipeline
 from celery_aitp.replay.engine import Engine, Outcome, SimWorker
 from celery_aitp.replay.feed import SourceFeed, StoreFactory
@@ -26,9 +27,11 @@ from celery_aitp.replay.routers import (
     recorded_declarations,
 )
 from celery_aitp.replay.trace import Trace
+from celery_aitp.store import RedisStore
 from celery_aitp.telemetry.counters import Counters
 from celery_aitp.worker import tier_cycle
 from celery_aitp.worker.ledger import RunLedger
+from celery_aitp.worker.observe import record_run
 
 #: Slot time each run costs beyond its measured runtime (ack, result, next BRPOP).
 DEFAULT_OVERHEAD_S = 0.002
@@ -102,6 +105,22 @@ def _observation(router: PipelineRouter, i: int, started: float) -> dict[str, An
     return record
 
 
+class WorkerRuns:
+    """The simulated workers' side of each finished run, with the workers' own parts."""
+
+    def __init__(self, policy: Policy, clock: Callable[[], float]) -> None:
+        counters = Counters()
+        self.ledger = RunLedger(policy, counters, clock)
+        self.history = HistorySink(counters)
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        record_run(self.ledger, self.history, record)
+
+    def flush(self, store: RedisStore) -> None:
+        self.ledger.flush(store)
+        self.history.flush(store)
+
+
 def consumption(policy: Policy, queues: Sequence[str], requested: str) -> tuple[str, bool]:
     """(kombu strategy, follows usage): ``policy`` means as the policy's workers read."""
     if requested == "policy":
@@ -152,7 +171,7 @@ class Replay:
         for worker in workers:
             worker.strategy = strategy
         feed = SourceFeed(pipeline.sources(), cfg.store_factory, cfg.refresh_interval_s,
-                          worker_side=[RunLedger(test.policy, Counters(), clock)],
+                          worker_side=[WorkerRuns(test.policy, clock)],
                           listeners=[tier_cycle.follow_usage] if follows else [])
         router = PipelineRouter(self.trace, pipeline, test.policy, workers, cfg.default_queue,
                                 cfg.declarations, oracle=oracle, feed=feed, clock=clock)

@@ -112,6 +112,9 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         self._threads: list[threading.Thread] = []
         if self.plan.enabled:
             self._consume_tiers(worker, aitp_strict)
+            observer = getattr(app, "_aitp_observer", None)
+            if observer is not None:  # runs record the class they ran on
+                observer.accelerator = self.plan.accelerator
 
     def _consume_tiers(self, worker: Any, strict: bool) -> None:
         app = worker.app

@@ -92,6 +92,18 @@ def where(self, x: int = 0) -> dict:
             "aitp": getattr(self.request, "aitp", None), "hostname": self.request.hostname}
 
 
+@app.task(shared=False)
+def nap(ms: int) -> int:
+    """Sleeps ``ms`` milliseconds: a runtime the model can learn from the argument."""
+    time.sleep(ms / 1000.0)
+    return ms
+
+
+@app.task(shared=False)
+def model_version() -> str | None:
+    """The runtime model version this worker process predicts with (None: cold start)."""
+    model = app.aitp.live.current().sources.get("aitp.model")
+    return model.version if model is not None else None
 @app.task(shared=False, ignore_result=True)
 def noop() -> None:
     """Nothing: for producers that only show what they decided."""
