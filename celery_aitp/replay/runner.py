@@ -101,7 +101,8 @@ def _observation(router: PipelineRouter, i: int, started: float) -> dict[str, An
     record = dict(router.records[i])
     record.update(tier=router.tiers[i], accelerator=router.accelerators[i],
                   queue=router.queues[i], started_at=started,
-                  wait_s=started - record["published_at"])
+                  wait_s=started - record["published_at"],
+                  outcome=record.get("outcome") or "SUCCESS")
     return record
 
 
