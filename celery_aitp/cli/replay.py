@@ -76,7 +76,8 @@ def report_meta(result: ReplayResult, source: str, config: ReplayConfig) -> list
     for run in result.runs:
         if run.reasons:
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(run.reasons.items()))
-            meta.append(f"{run.name} decisions: {reasons}")
+            sources = ", ".join(f"{k} {v}" for k, v in sorted(run.predictions.items()))
+            meta.append(f"{run.name} decisions: {reasons}; predicted by: {sources}")
     return meta
 
 

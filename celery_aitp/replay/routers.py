@@ -119,6 +119,7 @@ class PipelineRouter:
         self.accelerators: list[str] = [""] * n
         self.queues: list[str] = [""] * n
         self.reasons: dict[str, int] = {}
+        self.predictions: dict[str, int] = {}  # decisions per prediction source
 
     def view(self, now: float) -> View:
         """The simulated snapshot, with sources refreshed on the simulated clock."""
@@ -154,6 +155,8 @@ class PipelineRouter:
         self.tiers[i] = decision.tier
         self.accelerators[i] = decision.accelerator or self.policy.default_accelerator
         self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
+        source = decision.prediction_source or "none"
+        self.predictions[source] = self.predictions.get(source, 0) + 1
         queue = decision.queue if decision.routed and decision.queue else self.default_queue
         self.queues[i] = queue
         return queue, 0, decision.tier  # the middleware publishes routed tasks at priority 0

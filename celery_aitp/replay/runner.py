@@ -69,6 +69,7 @@ class SimRun:
     outcome: Outcome
     stats: RunStats
     reasons: dict[str, int] = field(default_factory=dict)
+    predictions: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -184,21 +185,22 @@ class Replay:
         primary = tests[0].policy
         order = primary.tier_names
         sla = {t.name: t.sla_s for t in primary.tiers}
-        raw: list[tuple[str, str, Outcome, dict[str, int]]] = []
+        raw: list[tuple[str, str, Outcome, PipelineRouter | None]] = []
         labels: list[str] = []
         accelerators: list[str] = []
         for k, test in enumerate(tests):
             outcome, router = self.policy_run(test)
             if k == 0:
                 labels, accelerators = router.tiers, router.accelerators
-            raw.append((test.name, "policy", outcome, router.reasons))
+            raw.append((test.name, "policy", outcome, router))
         fifo = self._simulate(fifo_workers(self.config.slots),
                               FifoRouter(accelerators, labels))
-        raw.append(("fifo", "fifo", fifo, {}))
+        raw.append(("fifo", "fifo", fifo, None))
         oracle, router = self.policy_run(tests[0], oracle=True)
-        raw.append(("oracle", "oracle", oracle, router.reasons))
-        runs = [SimRun(name, kind, out, self._stats(name, out, labels, sla, order), reasons)
-                for name, kind, out, reasons in raw]
+        raw.append(("oracle", "oracle", oracle, router))
+        runs = [SimRun(name, kind, out, self._stats(name, out, labels, sla, order),
+                       r.reasons if r else {}, r.predictions if r else {})
+                for name, kind, out, r in raw]
         by_kind = {r.kind: r for r in reversed(runs)}
         found = targets(by_kind["fifo"].stats, runs[0].stats, by_kind["oracle"].stats, order)
         return ReplayResult(self.trace, dict(self.config.slots), runs, found, order, sla)
