@@ -26,6 +26,7 @@ from celery_aitp.replay.runner import (
     Replay,
     ReplayConfig,
     ReplayResult,
+    estimate_overhead,
     infer_slots,
     parse_slots,
 )
@@ -67,7 +68,7 @@ def report_meta(result: ReplayResult, source: str, config: ReplayConfig) -> list
     meta = [f"trace: {source}: {len(trace)} runs over {trace.span_s:.0f}s; "
             f"{trace.skipped_summary()}",
             f"simulated workers (slots per accelerator class): {slots}; consumption "
-            f"'{config.strategy}'; overhead per run {config.overhead_s * 1000:g} ms",
+            f"'{config.strategy}'; overhead per run {_overhead_text(config)}",
             "tiers: every run is grouped by the tier the first policy gives each task"]
     if config.count_from is not None:
         skipped = sum(1 for p in trace.published if p < config.count_from)
@@ -79,6 +80,12 @@ def report_meta(result: ReplayResult, source: str, config: ReplayConfig) -> list
             sources = ", ".join(f"{k} {v}" for k, v in sorted(run.predictions.items()))
             meta.append(f"{run.name} decisions: {reasons}; predicted by: {sources}")
     return meta
+
+
+def _overhead_text(config: ReplayConfig) -> str:
+    per = ", ".join(f"{a} {config.class_overhead_s.get(a, config.overhead_s) * 1000:.2f} ms"
+                    for a in config.slots)
+    return per + (" (measured from the trace)" if config.class_overhead_s else "")
 
 
 def execute(trace: Trace, source: str, tests: list[PolicyUnderTest], config: ReplayConfig,
@@ -107,8 +114,10 @@ def replay_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--consumption", default="policy", show_default=True,
                      help="Workers' queue order: 'policy' (as the policy's tier_order makes "
                           "workers read), or a kombu strategy name or module:Class."),
-        click.option("--overhead-ms", default=DEFAULT_OVERHEAD_S * 1000, show_default=True,
-                     help="Slot time per run beyond its runtime (ack, next fetch)."),
+        click.option("--overhead-ms", default="auto", show_default=True,
+                     help="Slot time per run beyond its runtime (ack, next fetch), in ms; "
+                          f"'auto': measured from the trace per class (else "
+                          f"{DEFAULT_OVERHEAD_S * 1000:g})."),
         click.option("--count-from-s", "count_from_s", default=0.0, show_default=True,
                      help="Simulate but do not count runs published in the first SECONDS of "
                           "the trace (a warm-up while fair-share usage and profiles build)."),
@@ -120,7 +129,7 @@ def replay_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def config_for(trace: Trace, workers: str | None, consumption: str, overhead_ms: float,
+def config_for(trace: Trace, workers: str | None, consumption: str, overhead_ms: str,
                declarations: Declarations, default_queue: str = "celery",
                default_accelerator: str = "cpu", count_from_s: float = 0.0) -> ReplayConfig:
     from kombu.utils.scheduling import cycle_by_name
@@ -135,13 +144,27 @@ def config_for(trace: Trace, workers: str | None, consumption: str, overhead_ms:
     except (ImportError, AttributeError, ValueError):
         fail(f"--consumption: {consumption!r} is neither 'policy', a kombu queue order "
              "strategy (priority, round_robin, sorted) nor an importable module:Class")
-    if overhead_ms < 0:
-        fail("--overhead-ms: must be >= 0")
+    overhead_s, per_class = _overheads(trace, overhead_ms, default_accelerator)
     if count_from_s < 0 or count_from_s > trace.span_s:
         fail(f"--count-from-s: must be >= 0 and within the trace ({trace.span_s:.0f}s)")
-    return ReplayConfig(slots=slots, default_queue=default_queue, overhead_s=overhead_ms / 1000,
-                        strategy=consumption, declarations=declarations,
+    return ReplayConfig(slots=slots, default_queue=default_queue, overhead_s=overhead_s,
+                        class_overhead_s=per_class, strategy=consumption,
+                        declarations=declarations,
                         count_from=trace.published[0] + count_from_s if count_from_s else None)
+
+
+def _overheads(trace: Trace, text: str, default_accelerator: str
+               ) -> tuple[float, dict[str, float]]:
+    """(default, per class) slot overhead in seconds from ``--overhead-ms``."""
+    if text.strip().lower() == "auto":
+        return DEFAULT_OVERHEAD_S, estimate_overhead(trace, default_accelerator)
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        fail(f"--overhead-ms: {text!r} is neither 'auto' nor a number of ms >= 0")
+    return value / 1000, {}
 
 
 def _load(path: str) -> Trace:
@@ -161,7 +184,7 @@ def _load(path: str) -> Trace:
 @replay_options
 @click.pass_context
 def command(ctx: click.Context, trace: str | None, policy: str | None, versus: tuple[str, ...],
-            workers: str | None, consumption: str, overhead_ms: float, count_from_s: float,
+            workers: str | None, consumption: str, overhead_ms: str, count_from_s: float,
             report: Path) -> None:
     """Replay TRACE (a JSON-lines file; default: the store's observations) under a policy."""
     from celery_aitp.cli.celery_command import middleware_of
@@ -203,7 +226,7 @@ def command(ctx: click.Context, trace: str | None, policy: str | None, versus: t
                    "predictions start cold from the replayed runs' history.")
 @replay_options
 def offline_command(trace: str, policy: str, model_dir: str | None, versus: tuple[str, ...],
-                    workers: str | None, consumption: str, overhead_ms: float,
+                    workers: str | None, consumption: str, overhead_ms: str,
                     count_from_s: float, report: Path) -> None:
     """Replay TRACE (observation records, JSON lines) under a policy, FIFO and the oracle.
 

@@ -42,10 +42,10 @@ def priority_step(priority: int) -> int:
 class SimWorker:
     """One simulated worker: the queues it reads, in order, and its concurrency."""
 
-    __slots__ = ("name", "accelerator", "queues", "slots", "strategy")
+    __slots__ = ("name", "accelerator", "queues", "slots", "strategy", "overhead_s")
 
     def __init__(self, name: str, accelerator: str, queues: Sequence[str], slots: int,
-                 strategy: str = "priority") -> None:
+                 strategy: str = "priority", overhead_s: float | None = None) -> None:
         if slots < 1:
             raise ValueError(f"worker {name}: slots must be at least 1, got {slots}")
         self.name = name
@@ -53,6 +53,7 @@ class SimWorker:
         self.queues = list(queues)
         self.slots = slots
         self.strategy = strategy
+        self.overhead_s = overhead_s  # None: the engine's
 
 
 class Outcome:
@@ -83,7 +84,8 @@ class _Run:
         self.published = published
         self.runtime = runtime
         self.route = route
-        self.overhead = engine.overhead_s
+        self.overheads = [engine.overhead_s if w.overhead_s is None else max(0.0, w.overhead_s)
+                          for w in self.workers]
         n = len(published)
         self.out = Outcome(n)
         self.readers: dict[str, list[int]] = {}
@@ -174,7 +176,7 @@ class _Run:
         if self.free[w]:
             self.blocked_since[w] = now  # it issues its next BRPOP right away
         self.seq += 1
-        finish = now + self.runtime[task] + self.overhead
+        finish = now + self.runtime[task] + self.overheads[w]
         heapq.heappush(self.heap, (finish, self.seq, w, task))
 
 

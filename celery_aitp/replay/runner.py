@@ -33,8 +33,11 @@ from celery_aitp.worker import tier_cycle
 from celery_aitp.worker.ledger import RunLedger
 from celery_aitp.worker.observe import record_run
 
-#: Slot time each run costs beyond its measured runtime (ack, result, next BRPOP).
+#: Slot time each run costs beyond its measured runtime (ack, result, next BRPOP), when
+#: the trace cannot tell (see estimate_overhead).
 DEFAULT_OVERHEAD_S = 0.002
+#: A run that waited at least this long started as soon as a slot freed up.
+WAITED_S = 0.05
 
 
 class SimClock:
@@ -90,6 +93,8 @@ class ReplayConfig:
     slots: Mapping[str, int]
     default_queue: str = "celery"
     overhead_s: float = DEFAULT_OVERHEAD_S
+    #: per accelerator class, overriding ``overhead_s`` (e.g. measured by estimate_overhead)
+    class_overhead_s: Mapping[str, float] = field(default_factory=dict)
     strategy: str = "policy"  # as the workers would read: the policy's tier_order
     declarations: Declarations = recorded_declarations
     store_factory: StoreFactory | None = None
@@ -142,6 +147,11 @@ class Replay:
         self.trace = trace
         self.config = config
 
+    def _with_overheads(self, workers: list[SimWorker]) -> list[SimWorker]:
+        for worker in workers:
+            worker.overhead_s = self.config.class_overhead_s.get(worker.accelerator)
+        return workers
+
     def _simulate(self, workers: Sequence[SimWorker], router: Any,
                   feed: SourceFeed | None = None, clock: SimClock | None = None) -> Outcome:
         engine = Engine(workers, self.config.overhead_s)
@@ -167,7 +177,7 @@ class Replay:
         pipeline = test.build(clock)
         if oracle:
             pipeline = pipeline.replace("predict", OraclePredictStage())
-        workers = policy_workers(test.policy, cfg.slots, cfg.default_queue)
+        workers = self._with_overheads(policy_workers(test.policy, cfg.slots, cfg.default_queue))
         strategy, follows = consumption(test.policy, [q for w in workers for q in w.queues],
                                         cfg.strategy)
         for worker in workers:
@@ -193,7 +203,7 @@ class Replay:
             if k == 0:
                 labels, accelerators = router.tiers, router.accelerators
             raw.append((test.name, "policy", outcome, router))
-        fifo = self._simulate(fifo_workers(self.config.slots),
+        fifo = self._simulate(self._with_overheads(fifo_workers(self.config.slots)),
                               FifoRouter(accelerators, labels))
         raw.append(("fifo", "fifo", fifo, None))
         oracle, router = self.policy_run(tests[0], oracle=True)
@@ -238,6 +248,39 @@ def infer_slots(trace: Trace, default_accelerator: str = "cpu") -> dict[str, int
             peak = max(peak, level)
         slots[accel] = peak
     return slots
+
+
+def estimate_overhead(trace: Trace, default_accelerator: str = "cpu",
+                      min_samples: int = 20) -> dict[str, float]:
+    """Slot time beyond the runtime, per accelerator class, as recorded.
+
+    For each run that waited (at least ``WAITED_S``), a slot had to free up for it: the gap
+    from the latest end of a run of its class before its start is the time the worker took
+    to ack, fetch and start it. The mean of those gaps (the largest 5% left out: another
+    slot freed it) is what the simulator adds to every run. Classes with fewer than
+    ``min_samples`` such runs, or traces without ``started_at``, get no estimate.
+    """
+    import bisect
+
+    by_class: dict[str, list[dict[str, Any]]] = {}
+    for record in trace.records:
+        if record.get("started_at") is not None:
+            by_class.setdefault(record.get("accelerator") or default_accelerator,
+                                []).append(record)
+    out: dict[str, float] = {}
+    for accel, records in by_class.items():
+        ends = sorted(r["started_at"] + r["runtime_s"] for r in records)
+        gaps = []
+        for r in records:
+            if r["started_at"] - r["published_at"] >= WAITED_S:
+                k = bisect.bisect_right(ends, r["started_at"]) - 1
+                if k >= 0:
+                    gaps.append(r["started_at"] - ends[k])
+        if len(gaps) >= min_samples:
+            gaps.sort()
+            kept = gaps[: max(1, int(len(gaps) * 0.95))]
+            out[accel] = sum(kept) / len(kept)
+    return out
 
 
 def parse_slots(text: str) -> dict[str, int]:

@@ -131,6 +131,20 @@ def test_slots_are_parsed_or_inferred():
         infer_slots(from_records([rec("t", "a", 0, 1.0)]))
 
 
+def test_overhead_is_measured_from_the_trace():
+    from celery_aitp.replay.runner import estimate_overhead
+
+    # one slot, a backlog: each run starts 3 ms after the previous one ended
+    records, start = [], 1000.0
+    for i in range(30):
+        records.append(rec("t", "acme", 0.0, 0.5, started_at=start))
+        start += 0.5 + 0.003
+    estimate = estimate_overhead(from_records(records))
+    assert set(estimate) == {"cpu"} and estimate["cpu"] == pytest.approx(0.003)
+    assert estimate_overhead(from_records(records[:10])) == {}  # too few samples
+    assert estimate_overhead(from_records([rec("t", "a", 0, 1.0)])) == {}  # no started_at
+
+
 def test_replay_is_deterministic():
     import random
 
