@@ -85,8 +85,8 @@
 
   function tenants(d) {
     set("fairness-value", d.fairness_index === null ? "–" : d.fairness_index.toFixed(3));
-    set("entropy-value", d.priority_entropy_bits === null ? "–" : d.priority_entropy_bits.toFixed(2));
-    set("entropy-sub", "bits; normalised " + (d.priority_entropy_normalised === null ? "–" : d.priority_entropy_normalised.toFixed(2)));
+    set("entropy-value", d.priority_entropy === null ? "–" : d.priority_entropy.toFixed(2));
+    set("entropy-sub", "0 = one tier for all, 1 = tiers used evenly" + (d.demoted.length ? "; demoted: " + d.demoted.join(", ") : ""));
     set("window-value", fmt(d.window_s) + " s");
     var rows = d.tenants.filter(function (t) { return t.known || t.runs; });
     C.groupedBars($("share-chart"), rows.map(function (t) { return t.tenant; }), [
