@@ -303,7 +303,8 @@ def markdown(all_stats: list[RunStats], found: list[Target]) -> str:
                          f"{g.wait_p95_s:.3f} | {g.wait_max_s:.2f} | {g.mean_slowdown:.2f} | "
                          f"{hit} |")
     lines += ["", "| run | Jain's index (tenant slowdowns) | tasks lost |", "|---|---:|---:|"]
-    lines += [f"| {st.run} | {st.jain:.3f} | {st.lost} |" for st in all_stats]
+    lines += [f"| {st.run} | {'' if st.jain is None else format(st.jain, '.3f')} | {st.lost} |"
+              for st in all_stats]
     lines += ["", "| target | measured | limit | |", "|---|---:|---:|---|"]
     lines += [f"| {t.name} | {t.value:.3f} | {t.limit:g} | {'met' if t.met else 'NOT met'} |"
               for t in found]

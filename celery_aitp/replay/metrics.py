@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from celery_aitp.fairness import jain_index
+
 #: Runtime floor of the bounded slowdown, seconds.
 TAU_S = 0.1
 
@@ -43,7 +45,7 @@ class RunStats:
 
     run: str
     groups: list[GroupStats] = field(default_factory=list)
-    jain: float = 1.0
+    jain: float | None = None  # None: no tenant
     lost: int = 0
 
     def group(self, kind: str, name: str) -> GroupStats | None:
@@ -61,14 +63,6 @@ class RunStats:
 
 def bounded_slowdown(wait: np.ndarray, runtime: np.ndarray) -> np.ndarray:
     return np.maximum(1.0, (wait + runtime) / np.maximum(runtime, TAU_S))
-
-
-def jain_index(values: Sequence[float]) -> float:
-    """Jain's fairness index of non-negative values (1.0 for an empty or all-zero list)."""
-    x = np.asarray(values, dtype=float)
-    if x.size == 0 or not np.any(x):
-        return 1.0
-    return float(x.sum() ** 2 / (x.size * np.square(x).sum()))
 
 
 def _group(kind: str, name: str, wait: np.ndarray, slow: np.ndarray,
@@ -104,7 +98,7 @@ def run_stats(run: str, wait: Sequence[float], runtime: Sequence[float],
         stats.groups.append(group)
         tenant_slowdowns.append(group.mean_slowdown)
     stats.groups.append(_group("all", "all", w, slow, sla))
-    stats.jain = jain_index(tenant_slowdowns)
+    stats.jain = jain_index(tenant_slowdowns)  # one definition: celery_aitp.fairness
     return stats
 
 

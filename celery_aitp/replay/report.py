@@ -113,9 +113,13 @@ def _stats_table(stats: Sequence[RunStats]) -> str:
     return "<table>" + "\n".join(rows) + "</table>"
 
 
+def _jain(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
 def _run_table(stats: Sequence[RunStats]) -> str:
     rows = ["<tr><th>run</th><th>Jain's index (tenant slowdowns)</th><th>tasks lost</th></tr>"]
-    rows += [f"<tr><td>{escape(s.run)}</td><td>{s.jain:.3f}</td><td>{s.lost}</td></tr>"
+    rows += [f"<tr><td>{escape(s.run)}</td><td>{_jain(s.jain)}</td><td>{s.lost}</td></tr>"
              for s in stats]
     return "<table>" + "\n".join(rows) + "</table>"
 

@@ -14,11 +14,11 @@ from click.testing import CliRunner
 
 from celery_aitp.cli.celery_command import aitp
 from celery_aitp.cli.standalone import main
+from celery_aitp.fairness import jain_index
 from celery_aitp.replay.metrics import (
     GroupStats,
     RunStats,
     bounded_slowdown,
-    jain_index,
     run_stats,
     targets,
 )
@@ -68,7 +68,7 @@ def test_bounded_slowdown_jain_and_sla():
     assert slow.tolist() == [1.0, pytest.approx(10.05), 2.0]
     assert jain_index([1, 1, 1]) == 1.0
     assert jain_index([1, 0, 0]) == pytest.approx(1 / 3)
-    assert jain_index([]) == 1.0
+    assert jain_index([]) is None
     stats = run_stats("r", [0.1, 0.2, 9.0], [1.0, 1.0, 1.0], ["hi", "hi", "lo"],
                       ["a", "b", "b"], {"hi": 0.15, "lo": 5.0}, ["hi", "mid", "lo"], lost=2)
     assert [g.name for g in stats.groups] == ["hi", "lo", "a", "b", "all"]

@@ -136,7 +136,7 @@ def test_overhead_is_measured_from_the_trace():
 
     # one slot, a backlog: each run starts 3 ms after the previous one ended
     records, start = [], 1000.0
-    for i in range(30):
+    for _ in range(30):
         records.append(rec("t", "acme", 0.0, 0.5, started_at=start))
         start += 0.5 + 0.003
     estimate = estimate_overhead(from_records(records))
