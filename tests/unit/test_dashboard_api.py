@@ -18,6 +18,7 @@ from celery_aitp.dashboard.config import DashboardConfig
 from celery_aitp.dashboard.fleet import Fleet
 from celery_aitp.dashboard.metrics import METRICS
 from celery_aitp.policy import parse_policy
+from celery_aitp.priority_policy import FACTORS
 from celery_aitp.scheduling.usage import UsageStore, read_usage
 from celery_aitp.store import Keys, RedisStore
 from celery_aitp.stubs import MemoryQueueOps
@@ -40,7 +41,7 @@ def seed(store: RedisStore, ops: MemoryQueueOps) -> None:
         {"task": TASKS[0], "task_id": f"id-{i}", "tenant": "acme", "tier": "hi",
          "accelerator": "gpu", "queue": "aitp.acme.gpu.hi", "routed": True, "reason": "routed",
          "stage": "takeover", "decided_at": now - 5, "predicted_runtime_s": 0.5,
-         "factors": {"tier": 0.7, "aging": {"contribution": 0.2}, "fair_share": -0.1},
+         "factors": {"tenant": 0.7, "sla": 0.5, "age": 0.2, "impact": "bad"},
          "score": 0.8, "profile": {"memory_mb": 512}}
         for i in range(6)
     ] + [{"task": TASKS[1], "task_id": "g-1", "tenant": "globex", "tier": "mid"}]  # older shape
@@ -151,7 +152,15 @@ def test_task_explain_and_recent_list(client):
     assert [t["task_id"] for t in recent] == ["g-1", "id-5", "id-4"]
     data = client.get("/api/tasks/id-2").json()
     assert data["found"] and data["decision"]["queue"] == "aitp.acme.gpu.hi"
-    assert [f["name"] for f in data["factors"]] == ["tier", "aging", "fair_share"]
+    # the same breakdown as `celery aitp explain`: recorded numeric factors, policy order,
+    # each with its weight and contribution
+    assert [f["factor"] for f in data["factors"]] == ["tenant", "sla", "age"]
+    weights = parse_policy(TEST_POLICY).priority.weights
+    total = sum(getattr(weights, name) for name in FACTORS)
+    tenant = data["factors"][0]
+    assert tenant["weight"] == weights.tenant
+    assert tenant["contribution"] == pytest.approx(weights.tenant * 0.7 / total)
+    assert "window" in data["note"]  # no decision log given: explained from the window
     assert data["prediction"]["error_s"] == pytest.approx(0.1)
     assert data["sla"] == {"tier": "hi", "sla_s": 1.0, "met": False}  # waited 2.5 s
     older = client.get("/api/tasks/g-1").json()
