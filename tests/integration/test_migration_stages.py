@@ -109,6 +109,26 @@ def test_chain_steps_and_retries_keep_their_arm(proj, start_worker):
         assert {o["arm"] for o in runs if o["task_id"] == task_id} == {final["aitp"]["arm"]}
 
 
+def where_are(proj: Any, ids: list[str], workers: list[Any], runs: int, ran: int) -> str:
+    """Where the tasks that did not run are: a queue, unacknowledged, or failed in a log."""
+    client, prefix = proj.tally_client(), proj.PREFIX
+    done = {m.decode() for m in client.smembers(f"{prefix}:tally:ids")}
+    missing = [i for i in ids if i not in done]
+    lines = [f"{runs} runs, {ran} distinct of {len(ids)}; missing: {missing[:20]}"]
+    keys = [k.decode() for k in client.scan_iter("*", count=1000)]
+    for task_id in missing[:20]:
+        places = [k for k in keys if client.type(k) == b"list"
+                  and any(task_id.encode() in m for m in client.lrange(k, 0, -1))]
+        if any(task_id.encode() in v for v in client.hvals("unacked")):
+            places.append("unacked")
+        logs = [w.name for w in workers if task_id in w.output()]
+        lines.append(f"{task_id}: in {places or 'no queue'}; in logs of {logs or 'no worker'}")
+    for w in workers:
+        errors = [ln for ln in w.output().splitlines() if "ERROR" in ln or "Traceback" in ln]
+        lines.append(f"--- {w.name}: {len(errors)} error line(s)\n" + "\n".join(errors[:20]))
+    return "\n".join(lines)
+
+
 def tier_depths(proj: Any) -> dict[str, int]:
     janitor = Janitor(proj.app.aitp)
     return janitor.ops.depths([*janitor.known_queues(), proj.app.conf.task_default_queue])
@@ -117,18 +137,19 @@ def tier_depths(proj: Any) -> dict[str, int]:
 def test_flipping_stages_while_5000_tasks_flow_runs_each_exactly_once(proj, start_worker):
     total = 5000
     set_stage(proj, Stage.COEXISTENCE)
-    start_worker("tiers", "--aitp-tenant", "*", pool="threads", concurrency=2)
-    start_worker("plain", pool="threads", concurrency=8)
+    workers = [start_worker("tiers", "--aitp-tenant", "*", pool="threads", concurrency=2),
+               start_worker("plain", pool="threads", concurrency=8)]
     wait_live(proj, "aitp.acme.cpu.hi")
     control = StageControl(proj.app.aitp)
     published = 0
+    ids: list[str] = []
     tenants = ({"aitp_tenant": "acme"}, {"aitp_tenant": "globex"}, {})
 
     def publish() -> None:
         nonlocal published
         started = time.monotonic()
         for i in range(total):
-            proj.tally.apply_async((i,), headers=tenants[i % 3])
+            ids.append(proj.tally.apply_async((i,), headers=tenants[i % 3]).id)
             published = i + 1
             ahead = started + (i + 1) / 1000 - time.monotonic()  # about 1,000 per second
             if ahead > 0:
@@ -152,7 +173,8 @@ def test_flipping_stages_while_5000_tasks_flow_runs_each_exactly_once(proj, star
     runs = int(client.get(f"{prefix}:tally:runs") or 0)
     queues = {k.decode(): int(v) for k, v in client.hgetall(f"{prefix}:tally:queues").items()}
     print(f"moved at rollback: {moved}; runs by queue: {queues}")
-    assert runs == total and client.scard(f"{prefix}:tally:ids") == total
+    ran = client.scard(f"{prefix}:tally:ids")
+    assert runs == total and ran == total, where_are(proj, ids, workers, runs, ran)
     assert not any(tier_depths(proj).values())
     default = proj.app.conf.task_default_queue
     assert queues.get(default, 0) > 0 and sum(v for k, v in queues.items() if k != default) > 0
