@@ -17,6 +17,8 @@ import click
 from celery import bootsteps
 
 from celery_aitp.errors import PolicyError, StoreError
+from celery_aitp.layout import physical_groups
+from celery_aitp.middleware import store_url_for
 from celery_aitp.policy import Policy
 from celery_aitp.queues import tier_queue_name
 
@@ -103,6 +105,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         app = worker.app
         self.middleware = app.aitp
         policy = self.middleware.policy  # raises PolicyError: the worker refuses to start
+        store_url_for(self.middleware.settings, app.conf.broker_url)  # e.g. RabbitMQ, no store
         self.plan = WorkerPlan(policy, aitp_tenant, aitp_accelerator, aitp_tiers,
                                aitp_no_default_queue)
         self.hostname = worker.hostname
@@ -114,7 +117,9 @@ class AitpWorkerStep(bootsteps.StartStopStep):
     def _consume_tiers(self, worker: Any, strict: bool) -> None:
         app = worker.app
         queues = app.amqp.queues
-        names = self.plan.queue_names()
+        # Logical tier queues, highest first, onto broker queues (the same list on
+        # Redis; one priority queue per tenant and accelerator on RabbitMQ).
+        names = list(physical_groups(self.middleware.layout, self.plan.queue_names()))
         for name in names:
             queues.add(self.middleware.queue(name))
         others = [] if self.plan.no_default_queue else list(queues.consume_from)
@@ -122,7 +127,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         # Tiers in order: read queues in the order given (no rotation), reserve at most
         # one message per pool process, and in strict mode none beyond the running ones.
         worker.prefetch_multiplier = 1
-        if str(app.conf.broker_url or "").startswith(("redis", "socket", "unix")):
+        if self.middleware.broker_driver == "redis":
             options = dict(app.conf.broker_transport_options or {})
             options["queue_order_strategy"] = "priority"
             app.conf.broker_transport_options = options
