@@ -18,7 +18,7 @@ class Request:
 
     __slots__ = (
         "task", "task_id", "args", "kwargs", "headers", "declared",
-        "explicit_queue", "published_at", "retries",
+        "explicit_queue", "published_at", "retries", "parent_tenant",
     )
 
     def __init__(
@@ -32,6 +32,7 @@ class Request:
         explicit_queue: str | None = None,
         published_at: float = 0.0,
         retries: int = 0,
+        parent_tenant: str | None = None,
     ) -> None:
         self.task = task
         self.task_id = task_id
@@ -42,6 +43,9 @@ class Request:
         self.explicit_queue = explicit_queue
         self.published_at = published_at
         self.retries = retries
+        # tenant of the task running in this worker process, if this one is published
+        # from inside it (a chain step, a chord body, a sub-task); already validated
+        self.parent_tenant = parent_tenant
 
 
 class Decision:
