@@ -150,3 +150,12 @@ def start_worker(deployment: dict[str, str]) -> Iterator[Callable[..., WorkerPro
 
     yield start
     stop_all(started)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the fault suite's table: published, completed, duplicated, lost per scenario."""
+    from tests.support.faults import RESULTS, format_table
+
+    if RESULTS:
+        terminalreporter.section("fault tests: every task accounted for")
+        terminalreporter.write_line(format_table(RESULTS))

@@ -190,7 +190,7 @@ def _register_tasks(app: Celery, marks: Marks) -> None:  # noqa: C901 - one task
     def work(self: Any, run_list: str, seconds: float = 0.0) -> str:
         """A unit of a fault test's load: sleeps, then records that it completed."""
         time.sleep(seconds)
-        marks.add_run(run_list, self.request.id)
+        marks.add_run(run_list, f"{self.request.id}|{self.request.hostname}|{time.time()}")
         return self.request.id
 
 

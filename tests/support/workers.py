@@ -113,4 +113,5 @@ def stop_all(workers: list[WorkerProcess]) -> None:
         worker.terminate()
     for worker in workers:
         worker.wait_stopped()
-        worker.log.unlink(missing_ok=True)
+        if not os.environ.get("AITP_TEST_KEEP_LOGS"):  # set it to read the logs afterwards
+            worker.log.unlink(missing_ok=True)
