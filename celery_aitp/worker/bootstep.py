@@ -141,6 +141,10 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         from celery_aitp.worker.janitor import Janitor
 
         self._stop.clear()
+        try:  # this process's counters (e.g. 'evacuated') are shipped by its live view
+            self.middleware.live.current()
+        except Exception as exc:  # a store outage must not stop the worker
+            logger.warning("aitp: live view not started: %r", exc)
         if self.plan.enabled:
             self._spawn("aitp-advertise", self._advertise_loop)
         janitor = Janitor(self.middleware)
