@@ -10,6 +10,7 @@ session prints them as a table at the end (``tests/conftest.py``).
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -54,12 +55,24 @@ def format_table(rows: list[FaultResult]) -> str:
     return "\n".join(out)
 
 
-class PrivateRedis:
-    """A redis-server of our own on a fixed port, with an append-only file so a restart
-    keeps what it held (like a production broker); stopped by its pid."""
+def free_port(preferred: int) -> int:
+    """``preferred`` if nothing listens there, else a port the system picks."""
+    for port in (preferred, 0):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(probe.getsockname()[1])
+    raise RuntimeError("no free port")
 
-    def __init__(self, port: int) -> None:
-        self.port = port
+
+class PrivateRedis:
+    """A redis-server of our own (on ``preferred_port`` if free), with an append-only file
+    so a restart keeps what it held, like a production broker; stopped by its pid."""
+
+    def __init__(self, preferred_port: int) -> None:
+        self.port = free_port(preferred_port)
         self.directory = Path(tempfile.mkdtemp(prefix="aitp-fault-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 
