@@ -40,15 +40,18 @@ def install(app: Any, policy: Any = None, **settings: Any) -> Middleware:
     now, so a bad policy fails at start-up with every bad field named. ``settings``
     override ``aitp_*`` configuration keys (e.g. ``store_url=...``).
     """
+    from celery_aitp.policy_history import describe_source
     from celery_aitp.publish.hook import patch_amqp
     from celery_aitp.worker.bootstep import register_worker_extensions
 
     existing = getattr(app, "aitp", None)
     if isinstance(existing, Middleware):
         return existing
+    origin = None
     if policy is not None:
+        origin = describe_source(policy)
         policy = load_policy(policy)
-    middleware = Middleware(app, policy, **settings)
+    middleware = Middleware(app, policy, policy_origin=origin, **settings)
     app.aitp = middleware
     patch_amqp(app)
     register_worker_extensions(app)

@@ -8,6 +8,7 @@ nothing opens a connection at import time.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from kombu import Queue
 from celery_aitp.errors import PolicyError
 from celery_aitp.layout import Layout, layout_for
 from celery_aitp.policy import Policy
+from celery_aitp.policy_history import PolicyRecorder, describe_source
 from celery_aitp.publish.hook import AUTO_ROUTE
 from celery_aitp.publish.live_view import LiveView
 from celery_aitp.publish.pipeline import Pipeline, default_stages
@@ -27,6 +29,7 @@ from celery_aitp.publish.request import Decision, Request
 from celery_aitp.queues import parse_tier_queue
 from celery_aitp.settings import Settings, resolve_settings
 from celery_aitp.store import Keys, RedisStore, connect
+from celery_aitp.store.decision_log import DecisionLog
 from celery_aitp.telemetry.counters import Counters
 
 logger = logging.getLogger(__name__)
@@ -53,9 +56,11 @@ def store_url_for(settings: Settings, broker_url: str | None) -> str:
 class Middleware:
     """Everything the publish hook and the worker steps share for one Celery app."""
 
-    def __init__(self, app: Any, policy: Any = None, **overrides: Any) -> None:
+    def __init__(self, app: Any, policy: Any = None, policy_origin: str | None = None,
+                 **overrides: Any) -> None:
         self.app = app
         self._policy_source = policy
+        self._policy_origin = policy_origin
         self._overrides = overrides
         self.counters = Counters()
         self._declared: dict[str, Mapping[str, Any]] = {}
@@ -92,11 +97,42 @@ class Middleware:
         )
         for source in self.pipeline.sources():
             live.add_source(source)
+        live.set_writer(self.store.keys.decisions, self.decision_log.append)
+        live.add_flusher(self.policy_recorder)
         return live
 
     @cached_property
     def pipeline(self) -> Pipeline:
-        return Pipeline(default_stages(self.policy))
+        return Pipeline(default_stages(self.policy, self.settings.profile_refresh_s))
+
+    @cached_property
+    def decision_log(self) -> DecisionLog:
+        """The decisions stream, indexed by task id (``celery aitp explain``)."""
+        return DecisionLog(self.store, self.settings.decision_maxlen, self.policy_digest)
+
+    @cached_property
+    def policy_recorder(self) -> PolicyRecorder:
+        """Records this process's policy in the store's policy history (once)."""
+        return PolicyRecorder(self.policy, self.policy_origin())
+
+    @cached_property
+    def policy_digest(self) -> str:
+        return self.policy_recorder.digest
+
+    def policy_origin(self) -> str:
+        """Where the active policy came from, as settings resolve it (last one wins)."""
+        if self._policy_origin:
+            return self._policy_origin
+        if self._policy_source is not None:
+            return describe_source(self._policy_source)
+        if self._overrides.get("policy") is not None:
+            return describe_source(self._overrides["policy"])
+        if os.environ.get("AITP_POLICY"):
+            return "AITP_POLICY: " + describe_source(os.environ["AITP_POLICY"])
+        conf = self.app.conf.get("aitp_policy") if hasattr(self.app.conf, "get") else None
+        if conf is not None:
+            return "app.conf.aitp_policy: " + describe_source(conf, "app.conf")
+        return describe_source(None)
 
     def use_stage(self, name: str, stage: Any) -> None:
         """Swap one pipeline stage (how later capabilities plug in).

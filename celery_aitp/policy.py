@@ -18,9 +18,19 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from celery_aitp.errors import PolicyError
+from celery_aitp.priority_policy import (
+    FairShareSettings,
+    PrioritySettings,
+    ProfileSettings,
+    TierOrder,
+)
 
 #: Names that end up inside queue names: keep them short and broker-safe.
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+#: Business-impact label names (they never end up in queue names, but stay tidy).
+LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+#: Default ratio between the read weights of neighbouring tiers (see ``tier_weights``).
+TIER_WEIGHT_RATIO = 8.0
 
 
 class Stage(str, Enum):
@@ -49,6 +59,14 @@ class Tier(_Model):
 
     name: str = Field(description="Queue-name-safe tier name, e.g. 'hi'.")
     sla_s: float = Field(gt=0, description="Target queue wait in seconds for this tier.")
+    weight: float | None = Field(
+        default=None, gt=0, le=1e6,
+        description="Share of worker reads (weighted tier order); None: 8 ** (tiers below).",
+    )
+    min_score: float | None = Field(
+        default=None, ge=0, le=1,
+        description="Lowest priority score that maps to this tier; None: an even split.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -63,6 +81,9 @@ class Tenant(_Model):
         default=None, description="Highest tier this tenant may use; None means the top tier."
     )
     weight: float = Field(default=1.0, gt=0, le=1e6, description="Fair-share weight.")
+    sla_s: float | None = Field(
+        default=None, gt=0, description="Target queue wait of this tenant's tasks (None: tiers')."
+    )
 
 
 class SplitSettings(_Model):
@@ -115,6 +136,18 @@ class Policy(_Model):
         default_factory=dict,
         description="Business-impact labels and their weight in [0, 1].",
     )
+    priority: PrioritySettings = Field(
+        default_factory=PrioritySettings, description="The priority matrix."
+    )
+    fair_share: FairShareSettings = Field(
+        default_factory=FairShareSettings, description="Per-tenant fair share."
+    )
+    profiles: ProfileSettings = Field(
+        default_factory=ProfileSettings, description="Resource profiles from observed runs."
+    )
+    tier_order: TierOrder = Field(
+        default=TierOrder.WEIGHTED, description="How AITP workers on Redis read their tiers."
+    )
 
     @field_validator("accelerators")
     @classmethod
@@ -123,6 +156,17 @@ class Policy(_Model):
             _check_name(name)
         if len(set(value)) != len(value):
             raise ValueError("accelerator names must be unique")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = [f"{name!r}: weight {weight!r} is not in [0, 1]" for name, weight in value.items()
+               if not 0 <= weight <= 1]
+        bad += [f"{name!r}: not a valid label name" for name in value
+                if not LABEL_PATTERN.match(name)]
+        if bad:
+            raise ValueError("; ".join(bad))
         return value
 
     @field_validator("tenants")
@@ -158,6 +202,7 @@ class Policy(_Model):
             for t in self.split.tenants
             if t not in self.tenants
         ]
+        problems += _min_score_problems(self.tiers)
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -176,11 +221,38 @@ class Policy(_Model):
     def lowest_tier(self) -> str:
         return self.tiers[-1].name
 
+    def tier_weights(self) -> dict[str, float]:
+        """Read weight per tier: explicit, else ``8 ** (number of tiers below it)``."""
+        n = len(self.tiers)
+        return {t.name: t.weight if t.weight is not None else TIER_WEIGHT_RATIO ** (n - 1 - i)
+                for i, t in enumerate(self.tiers)}
+
+    def tier_min_scores(self) -> tuple[float, ...]:
+        """Lowest score of each tier, highest tier first; the lowest tier takes the rest."""
+        n = len(self.tiers)
+        scores = [t.min_score if t.min_score is not None else 1 - (i + 1) / n
+                  for i, t in enumerate(self.tiers)]
+        scores[-1] = 0.0
+        return tuple(scores)
+
     def allowed_tiers(self, tenant: str) -> tuple[str, ...]:
         """Tiers the tenant may use, highest first."""
         cap = self.tenants[tenant].max_tier
         names = self.tier_names
         return names if cap is None else names[names.index(cap) :]
+
+
+def _min_score_problems(tiers: tuple[Tier, ...]) -> list[str]:
+    """Explicit ``min_score`` values must fall from the highest tier to the lowest."""
+    n = len(tiers)
+    last = 1.01
+    problems = []
+    for i, tier in enumerate(tiers[:-1]):
+        score = tier.min_score if tier.min_score is not None else 1 - (i + 1) / n
+        if score >= last:
+            problems.append(f"tiers.{i}.min_score: {score:g} must be below the tier above's")
+        last = score
+    return problems
 
 
 def _format_errors(exc: ValidationError) -> str:

@@ -7,6 +7,7 @@ imports a driver itself.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -32,9 +33,26 @@ class QueueOps(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class AcceleratorUsage:
+    """What one run did on the host's accelerators."""
+
+    accelerator: str | None  # class used during the run ('gpu'); None: none was used
+    memory_mb: float | None = None  # accelerator memory the process held at the end
+    utilisation: float | None = None  # highest utilisation seen during the run, percent
+
+
 class AcceleratorProbe(Protocol):
     """Reports which accelerators this host has and what a process uses."""
 
     def classes(self) -> list[str]:
         """Accelerator classes present on this host, e.g. ['gpu'] or []."""
+        ...
+
+    def usage(self, pid: int, since: float) -> AcceleratorUsage | None:
+        """What process ``pid`` used since ``since`` (epoch s); None if it cannot tell.
+
+        Must never raise and should cost well under a millisecond: it runs after every
+        task, in the pool process.
+        """
         ...

@@ -16,8 +16,10 @@ QUEUE_OPS = {
 
 #: Accelerator probes.
 ACCELERATOR_PROBES = {
+    "auto": "celery_aitp_adapters.accelerators:auto_probe",
     "none": "celery_aitp.stubs:NoAccelerators",
     "nvml": "celery_aitp_adapters.accelerators:NvmlProbe",
+    "nvidia-smi": "celery_aitp_adapters.accelerators:NvidiaSmiProbe",
 }
 
 

@@ -49,6 +49,16 @@ class Settings(BaseModel):
     decision_maxlen: int = Field(
         default=100_000, ge=1000, description="Shadow decision records kept (capped stream)."
     )
+    profile_refresh_s: float = Field(
+        default=10.0, gt=0, le=3600, description="How often producers re-read resource profiles."
+    )
+    accelerator_probe: str = Field(
+        default="auto", min_length=1,
+        description="Accelerator probe in workers: auto, none, nvml, nvidia-smi or module:Class.",
+    )
+    per_run_memory: bool = Field(
+        default=True, description="Measure each run's peak memory (Linux: resets VmHWM)."
+    )
 
 
 _ENV_PREFIX = "AITP_"

@@ -6,6 +6,8 @@ from collections import defaultdict, deque
 from collections.abc import Iterable
 from typing import Any
 
+from celery_aitp.ports import AcceleratorUsage
+
 
 class MemoryQueueOps:
     """Queues as in-process deques of (decided_at, payload) pairs."""
@@ -32,7 +34,27 @@ class MemoryQueueOps:
 
 
 class NoAccelerators:
-    """A host with no accelerator (the CPU-only default)."""
+    """A host with no accelerator (the CPU-only default).
+
+    ``usage`` says "cannot tell" rather than "none used": a run on a CPU-only host tells
+    nothing about whether the task would use a GPU where there is one.
+    """
 
     def classes(self) -> list[str]:
         return []
+
+    def usage(self, pid: int, since: float) -> AcceleratorUsage | None:
+        return None
+
+
+class FixedAccelerator:
+    """A probe that reports a fixed answer: for tests and simulations."""
+
+    def __init__(self, accelerator: str | None = "gpu", memory_mb: float | None = None) -> None:
+        self.answer = AcceleratorUsage(accelerator, memory_mb)
+
+    def classes(self) -> list[str]:
+        return [self.answer.accelerator] if self.answer.accelerator else []
+
+    def usage(self, pid: int, since: float) -> AcceleratorUsage | None:
+        return self.answer

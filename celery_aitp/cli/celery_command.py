@@ -34,6 +34,9 @@ aitp.add_command(validate)
 COMMANDS = (
     "celery_aitp.cli.status",
     "celery_aitp.cli.evacuate",
+    "celery_aitp.cli.explain",
+    "celery_aitp.cli.policy_history",
+    "celery_aitp.cli.dashboard",
 )
 
 

@@ -93,6 +93,41 @@ def publish(demo: Any, count: int, seed: int) -> list[Any]:
     return results
 
 
+def serve_dashboard(stack: ExitStack, middleware: Any, port: int) -> None:
+    """The dashboard on 127.0.0.1:port for the demo's app, stopped with the demo."""
+    try:
+        from celery_aitp.dashboard.config import DashboardConfig
+        from celery_aitp.dashboard.server import BackgroundServer
+    except ImportError as exc:
+        raise click.ClickException(
+            f"--dashboard needs the extra: pip install 'celery-aitp[dashboard]' ({exc})") from None
+    server = BackgroundServer(middleware, DashboardConfig(port=port, refresh_s=1.0)).start()
+    stack.callback(server.stop)
+    console.print(f"dashboard: [bold]http://127.0.0.1:{server.port}/[/bold]")
+
+
+def trickle(demo: Any, seed: int, per_second: float = 8.0) -> None:
+    """Keep publishing the mix (without waiting for results) until Ctrl-C."""
+    rng = random.Random(seed + 1)
+    weights = [m[3] for m in MIX]
+    console.print("publishing a steady trickle of tasks; watch the dashboard, Ctrl-C to stop")
+
+    def interrupt(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)  # stop cleanly on SIGTERM too
+    try:
+        while True:
+            task, tenant, top, _w = rng.choices(MIX, weights)[0]
+            headers = {"aitp_tenant": tenant} if tenant else {}
+            getattr(demo, task).apply_async((rng.randint(1, top),), headers=headers)
+            time.sleep(1.0 / per_second)
+    except KeyboardInterrupt:
+        console.print("stopping")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def summarise(records: list[dict[str, Any]]) -> None:
     groups: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
     for r in records:
@@ -112,7 +147,10 @@ def summarise(records: list[dict[str, Any]]) -> None:
 @click.option("--tasks", default=300, show_default=True, help="How many tasks to publish.")
 @click.option("--broker", default=None, help="Use this Redis URL instead of an embedded one.")
 @click.option("--seed", default=7, show_default=True, help="Seed of the workload mix.")
-def command(tasks: int, broker: str | None, seed: int) -> None:
+@click.option("--dashboard", "dashboard_port", type=int, default=None, metavar="PORT",
+              help="Also serve the dashboard on 127.0.0.1:PORT (0: any free port) and keep "
+                   "publishing after the summary until Ctrl-C.")
+def command(tasks: int, broker: str | None, seed: int, dashboard_port: int | None) -> None:
     """Run the demo on an embedded broker and print where tasks went."""
     started = time.monotonic()
     with ExitStack() as stack:
@@ -127,6 +165,8 @@ def command(tasks: int, broker: str | None, seed: int) -> None:
         store = demo.app.aitp.store
         store.write_stage({"stage": "takeover", "split": {}}, who="celery-aitp demo")
         wait_for_workers(store, expected=2)
+        if dashboard_port is not None:
+            serve_dashboard(stack, demo.app.aitp, dashboard_port)
         publish(demo, tasks, seed)
         deadline = time.monotonic() + 10
         records = []
@@ -141,4 +181,6 @@ def command(tasks: int, broker: str | None, seed: int) -> None:
         console.print(f"{tasks} tasks: {routed} routed to tier queues, "
                       f"{tasks - routed} on the standard path; "
                       f"{len(records)} runs recorded; {time.monotonic() - started:.1f}s")
+        if dashboard_port is not None:
+            trickle(demo, seed)
         demo.app.aitp.close()

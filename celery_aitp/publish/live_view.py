@@ -89,6 +89,10 @@ def stage_from_doc(doc: dict[str, Any] | None, policy: Policy) -> tuple[Stage, S
 
 
 Listener = Callable[[View], None]
+#: Ships batched state in the refresher round (e.g. a worker's profile samples).
+Flusher = Callable[[RedisStore], None]
+#: Writes a batch of records to one stream instead of the plain capped append.
+Writer = Callable[[list[dict[str, Any]]], Any]
 
 
 def _forget_in_child(ref: weakref.ReferenceType[LiveView]) -> Callable[[], None]:
@@ -122,6 +126,8 @@ class LiveView:
         self.buffers: dict[str, RecordBuffer] = {}
         self._record_limits = record_limits or {}
         self._listeners: list[Listener] = []
+        self._flushers: list[Flusher] = []
+        self._writers: dict[str, Writer] = {}
         self._sources: list[Source] = []
         self._view = View(frozenset(), policy.stage, policy.split, fresh=False)
         self._lock = threading.Lock()
@@ -157,8 +163,20 @@ class LiveView:
                           view.model_version, view.fetched_at, MappingProxyType(values))
 
     def on_refresh(self, listener: Listener) -> None:
-        """Call ``listener(view)`` after every successful refresh (e.g. model reload)."""
-        self._listeners.append(listener)
+        """Call ``listener(view)`` after every successful refresh (e.g. model reload).
+
+        Registering the same listener again does nothing.
+        """
+        if listener not in self._listeners:
+            self._listeners.append(listener)
+
+    def add_flusher(self, flusher: Flusher) -> None:
+        """Call ``flusher(store)`` in every flush; it keeps its batch if it raises."""
+        self._flushers.append(flusher)
+
+    def set_writer(self, stream: str, writer: Writer) -> None:
+        """Write ``stream``'s records with ``writer(records)`` (it raises StoreError)."""
+        self._writers[stream] = writer
 
     def buffer(self, stream: str) -> RecordBuffer:
         """The record buffer feeding a store stream (created on first use)."""
@@ -213,12 +231,25 @@ class LiveView:
         except StoreError:
             self.counters.restore(counts)
             return
+        for flusher in self._flushers:
+            try:
+                flusher(self.store)
+            except StoreError:
+                return
+            except Exception:  # a broken flusher must not stop the others or the refresher
+                self.counters.incr("flush_errors")
+                logger.exception("aitp: flusher failed")
         for stream, buf in list(self.buffers.items()):
             records = buf.take()
             if not records:
                 continue
+            writer = self._writers.get(stream)
             try:
-                self.store.append_records(stream, records, self._record_limits.get(stream, 100_000))
+                if writer is not None:
+                    writer(records)
+                else:
+                    self.store.append_records(stream, records,
+                                              self._record_limits.get(stream, 100_000))
             except StoreError:
                 buf.put_back(records)
                 return

@@ -10,26 +10,21 @@ from collections.abc import Sequence
 
 from celery_aitp.policy import Policy
 from celery_aitp.publish.live_view import Source, View
+from celery_aitp.publish.priority_stage import PriorityStage
+from celery_aitp.publish.profile_stage import ProfileStage
 from celery_aitp.publish.request import Decision, Request
-from celery_aitp.publish.stages import (
-    DeclaredProfileStage,
-    DeclaredTierStage,
-    GateStage,
-    PublishStage,
-    RouteStage,
-    TenantStage,
-)
+from celery_aitp.publish.stages import GateStage, PublishStage, RouteStage, TenantStage
 
 #: The fixed order of stage names; replacing a stage keeps its slot.
 STAGE_ORDER = ("tenant", "features", "predict", "profile", "priority", "route", "gate")
 
 
-def default_stages(policy: Policy) -> dict[str, PublishStage]:
-    """The simple stages every deployment starts with."""
+def default_stages(policy: Policy, profile_refresh_s: float = 10.0) -> dict[str, PublishStage]:
+    """The stages every deployment starts with."""
     return {
         "tenant": TenantStage(policy),
-        "profile": DeclaredProfileStage(policy),
-        "priority": DeclaredTierStage(policy),
+        "profile": ProfileStage(policy, profile_refresh_s),
+        "priority": PriorityStage(policy),
         "route": RouteStage(),
         "gate": GateStage(),
     }

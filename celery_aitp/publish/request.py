@@ -55,6 +55,7 @@ class Decision:
         "task", "task_id", "tenant", "tier", "accelerator", "features", "predicted_runtime_s",
         "predicted_p90_s", "prediction_source", "profile", "score", "factors",
         "queue", "routed", "reason", "stage", "arm", "decided_at", "notes",
+        "tier_steps", "origin_at",
     )
 
     def __init__(self, stage: str, decided_at: float, task: str = "", task_id: str = "") -> None:
@@ -77,6 +78,8 @@ class Decision:
         self.arm: str | None = None  # 'routed' or 'standard' in the split stage
         self.decided_at: float = decided_at
         self.notes: list[str] = []  # counted anomalies, e.g. 'tenant_unknown'
+        self.tier_steps: dict[str, Any] | None = None  # how the score became the tier
+        self.origin_at: float | None = None  # first publish of this task (kept by retries)
 
     def fall_back(self, reason: str) -> Decision:
         """Send the task down Celery's own path, keeping what was decided for the record."""
@@ -100,11 +103,13 @@ class Decision:
             "arm": self.arm,
             "score": self.score,
             "decided_at": self.decided_at,
+            "origin_at": self.origin_at,
         }
 
     def record(self) -> dict[str, Any]:
         """The decision as stored for comparison and ``explain`` (header plus details)."""
         record = self.header()
         record.update(task=self.task, task_id=self.task_id, factors=self.factors,
-                      profile=self.profile, prediction_source=self.prediction_source)
+                      profile=self.profile, prediction_source=self.prediction_source,
+                      tier_steps=self.tier_steps)
         return record

@@ -4,7 +4,8 @@ Order (one way only): features -> predict -> profile -> priority -> route -> gat
 Each stage reads the Request, the shared View and what earlier stages wrote into the
 Decision, and fills in its own part. Later issues replace a stage's implementation by
 handing :class:`~celery_aitp.publish.pipeline.Pipeline` another callable with the same
-signature; nothing else changes.
+signature; nothing else changes. The ``profile`` and ``priority`` stages live in their
+own modules (``profile_stage.py``, ``priority_stage.py``).
 """
 
 from __future__ import annotations
@@ -55,53 +56,6 @@ class TenantStage:
             decision.tenant = self.default
             bad = not isinstance(raw, str) or len(raw) > MAX_TENANT_LEN
             decision.notes.append("tenant_invalid" if bad else "tenant_unknown")
-
-
-class DeclaredProfileStage:
-    """Accelerator class from the task's declaration; the policy's default otherwise."""
-
-    name = "profile"
-
-    def __init__(self, policy: Policy) -> None:
-        self.accelerators = frozenset(policy.accelerators)
-        self.default = policy.default_accelerator
-
-    def __call__(self, request: Request, decision: Decision, view: View) -> None:
-        declared = request.declared.get("accelerator")
-        if declared is None:
-            decision.accelerator = self.default
-        elif declared in self.accelerators:
-            decision.accelerator = declared
-        else:
-            decision.accelerator = self.default
-            decision.notes.append("accelerator_unknown")
-
-
-class DeclaredTierStage:
-    """Tier from the task's declaration (or the default), capped by the tenant's policy.
-
-    Nothing from a message header is read here, so no header can raise a tier.
-    """
-
-    name = "priority"
-
-    def __init__(self, policy: Policy) -> None:
-        names = policy.tier_names
-        self.rank = {name: i for i, name in enumerate(names)}
-        self.names = names
-        self.default = policy.default_tier or policy.lowest_tier()
-        self.cap = {
-            tenant: self.rank[spec.max_tier] if spec.max_tier else 0
-            for tenant, spec in policy.tenants.items()
-        }
-
-    def __call__(self, request: Request, decision: Decision, view: View) -> None:
-        wanted = request.declared.get("tier", self.default)
-        rank = self.rank.get(wanted) if isinstance(wanted, str) else None
-        if rank is None:
-            rank = self.rank[self.default]
-            decision.notes.append("tier_unknown")
-        decision.tier = self.names[max(rank, self.cap[decision.tenant])]
 
 
 class RouteStage:

@@ -20,7 +20,9 @@ from celery_aitp.errors import PolicyError, StoreError
 from celery_aitp.layout import physical_groups
 from celery_aitp.middleware import store_url_for
 from celery_aitp.policy import Policy
+from celery_aitp.priority_policy import TierOrder
 from celery_aitp.queues import tier_queue_name
+from celery_aitp.worker import tier_cycle
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +111,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         self.plan = WorkerPlan(policy, aitp_tenant, aitp_accelerator, aitp_tiers,
                                aitp_no_default_queue)
         self.hostname = worker.hostname
+        self._follow_usage = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         if self.plan.enabled:
@@ -124,18 +127,28 @@ class AitpWorkerStep(bootsteps.StartStopStep):
             queues.add(self.middleware.queue(name))
         others = [] if self.plan.no_default_queue else list(queues.consume_from)
         queues.select(names + [q for q in others if q not in names])
-        # Tiers in order: read queues in the order given (no rotation), reserve at most
-        # one message per pool process, and in strict mode none beyond the running ones.
+        # Tiers in order: read queues by tier (weighted, so lower tiers keep a guaranteed
+        # share; or strictly), reserve at most one message per pool process, and in
+        # strict mode none beyond the running ones.
         worker.prefetch_multiplier = 1
         if self.middleware.broker_driver == "redis":
             options = dict(app.conf.broker_transport_options or {})
-            options["queue_order_strategy"] = "priority"
+            options["queue_order_strategy"] = self._order_strategy(names)
             app.conf.broker_transport_options = options
         if strict:
             app.conf.task_acks_late = True
             for task in app.tasks.values():
                 task.acks_late = True
         logger.info("aitp: consuming %s", ", ".join(queues.consume_from))
+
+    def _order_strategy(self, names: list[str]) -> str:
+        """The kombu queue-order strategy for the policy's ``tier_order``."""
+        policy = self.middleware.policy
+        if policy.tier_order is TierOrder.STRICT:
+            return "priority"
+        tier_cycle.configure(tier_cycle.WeightPlan(policy, names))
+        self._follow_usage = True
+        return tier_cycle.STRATEGY
 
     def start(self, worker: Any) -> None:
         from celery_aitp.worker.janitor import Janitor
@@ -147,6 +160,10 @@ class AitpWorkerStep(bootsteps.StartStopStep):
             logger.warning("aitp: live view not started: %r", exc)
         if self.plan.enabled:
             self._spawn("aitp-advertise", self._advertise_loop)
+        if self._follow_usage:  # fair share on the reading side: see worker/tier_cycle.py
+            live = self.middleware.live
+            live.on_refresh(tier_cycle.follow_usage)
+            live.current()
         janitor = Janitor(self.middleware)
         self._spawn("aitp-janitor", lambda: janitor.run(self._stop))
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import resource
 import socket
 import time
 from typing import Any
 
 from celery import signals
+
+from celery_aitp.worker.ledger import RunLedger
+from celery_aitp.worker.meter import RunMeter, make_probe
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +60,23 @@ class Observer:
     def __init__(self, app: Any) -> None:
         self.app = app
         self._started: dict[str, tuple[float, float, float]] = {}
+        self._pid = 0  # the meter and ledger belong to one (pool) process
+        self._meter: RunMeter | None = None
+        self._ledger: RunLedger | None = None
+
+    def _parts(self) -> tuple[RunMeter, RunLedger]:
+        """Per-run meter and run ledger of this process, built on its first task."""
+        if self._meter is None or self._ledger is None or self._pid != os.getpid():
+            if self._ledger is not None:
+                self._ledger.take()  # a forked copy of the parent's: its runs are not ours
+            mw = self.app.aitp
+            settings = mw.settings
+            self._meter = RunMeter(make_probe(settings.accelerator_probe),
+                                   settings.per_run_memory)
+            self._ledger = RunLedger(mw.policy, mw.counters)
+            mw.live.add_flusher(self._ledger.flush)
+            self._pid = os.getpid()
+        return self._meter, self._ledger
 
     def prerun(self, task_id: str | None = None, task: Any = None, **_: Any) -> None:
         if task is None or task.app is not self.app or task_id is None:
@@ -64,6 +85,10 @@ class Observer:
             self.app.aitp.live.current()  # make sure this process ships its records
         except Exception:
             logger.debug("aitp: live view unavailable in worker", exc_info=True)
+        try:
+            self._parts()[0].start(task_id)
+        except Exception:
+            logger.debug("aitp: run meter unavailable", exc_info=True)
         self._started[task_id] = (time.time(), time.perf_counter(), _cpu_seconds())
 
     def postrun(self, task_id: str | None = None, task: Any = None, state: str | None = None,
@@ -72,9 +97,13 @@ class Observer:
         if started is None or task is None:
             return
         try:
+            meter, ledger = self._parts()
+            measures = meter.stop(task_id or "")
             record = self._record(task, task_id or "", state, args, kwargs, started)
+            record.update(measures)
             mw = self.app.aitp
             mw.live.buffer(mw.store.keys.observations).add(record)
+            ledger.add(record)
         except Exception:  # recording must never fail a task
             self.app.aitp.counters.incr("observations_failed")
             logger.debug("aitp: could not record run of %s", task_id, exc_info=True)

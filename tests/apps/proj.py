@@ -87,3 +87,21 @@ def where(self, x: int = 0) -> dict:
 def where_hi(self, x: int = 0) -> dict:
     """``where`` for a top-tier task."""
     return _where(self.request, x)
+
+
+@app.task(shared=False, bind=True)
+def render(self, x: int = 0) -> dict:
+    """Undeclared, but uses the (pretend) GPU: its profile should learn that."""
+    from tests.support import fake_gpu
+
+    fake_gpu.use()
+    return {"x": x, "queue": self.request.delivery_info.get("routing_key"),
+            "aitp": getattr(self.request, "aitp", None)}
+
+
+@app.task(shared=False, bind=True)
+def step(self, x: int = 0, sleep: float = 0.0) -> dict:
+    """Reports when it started and from which queue (for ordering checks)."""
+    started = time.time()
+    time.sleep(sleep)
+    return {"x": x, "started": started, "queue": self.request.delivery_info.get("routing_key")}

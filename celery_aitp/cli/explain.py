@@ -1,0 +1,74 @@
+"""``celery aitp explain TASK_ID``: each factor, its weight, the profile, the prediction and
+the route of one task (like Slurm's ``sprio`` for a job)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from celery_aitp.cli.celery_command import middleware_of
+from celery_aitp.cli.output import console, emit_json, fail, table
+from celery_aitp.errors import AitpError
+from celery_aitp.explain import explain, policy_for, tier_story
+from celery_aitp.policy_history import policy_history
+
+
+@click.command("explain")
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.pass_context
+def command(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """Explain the latest decision recorded for TASK_ID."""
+    mw = middleware_of(ctx)
+    try:
+        record = mw.decision_log.find(task_id)
+        history = policy_history(mw.store, limit=1000) if record else []
+    except AitpError as exc:
+        fail(str(exc))
+    if record is None:
+        fail(f"no decision recorded for task {task_id!r} (decisions are kept for the last "
+             f"{mw.settings.decision_maxlen} publishes; records reach the store within "
+             f"{mw.settings.refresh_interval_s:g} s)", code=1)
+    policy, note = policy_for(record, mw.policy, mw.policy_digest, history)
+    data = explain(record, policy, note)
+    if as_json:
+        emit_json(data)
+        return
+    _render(data, mw.default_queue)
+
+
+def _render(data: dict[str, Any], default_queue: str) -> None:
+    route = data["route"]
+    console.print(f"task [bold]{data['task_id']}[/bold] {data['task']}  tenant "
+                  f"[bold]{data['tenant']}[/bold]  stage {route['stage']}")
+    if route["routed"]:
+        console.print(f"route: [green]{route['queue']}[/green] (routed)")
+    else:
+        console.print(f"route: Celery's own route (default queue {default_queue}); "
+                      f"reason [yellow]{route['reason']}[/yellow]; would be "
+                      f"{route['would_queue']}")
+    table("priority factors", ["factor", "value", "weight", "contribution"],
+          [(r["factor"], r["value"], r["weight"], r["contribution"]) for r in data["factors"]])
+    scores = ", ".join(f"{t} >= {s:.3g}" for t, s in data["min_scores"].items())
+    console.print(f"score {_num(data['score'])} ({scores})")
+    console.print(tier_story(data["tier_steps"], data["tier"]))
+    profile = data["profile"] or {}
+    sources = profile.get("sources") or {}
+    table("profile", ["resource", "value", "from"],
+          [(k, profile.get(k, "-"), sources.get(k, "unknown")) for k in
+           ("accelerator", "cpu_s", "cpu_cores", "memory_mb")] +
+          [("runs observed", profile.get("runs"), ""),
+           ("accelerator share", profile.get("accelerator_share"), "")])
+    pred = data["prediction"]
+    if pred["p50_s"] is None and pred["p90_s"] is None:
+        console.print("prediction: none (the runtime factor is neutral or from a hint)")
+    else:
+        console.print(f"prediction: p50 {_num(pred['p50_s'])} s, p90 {_num(pred['p90_s'])} s "
+                      f"({pred['source'] or 'unknown source'})")
+    if data["note"]:
+        console.print(f"[yellow]note[/yellow]: {data['note']}")
+
+
+def _num(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, (int, float)) else "unknown"

@@ -1,0 +1,97 @@
+"""The dashboard's ASGI application: one route table, HTML and JSON kept apart.
+
+``build_dashboard(middleware, config)`` wires a Fleet reader to the app's store and
+broker; ``create_app(dashboard)`` returns the Starlette app wrapped in the security
+middleware. In read-only mode the stage route is not registered at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from celery_aitp.dashboard.api import Dashboard
+from celery_aitp.dashboard.config import DashboardConfig
+from celery_aitp.dashboard.fleet import Fleet
+from celery_aitp.dashboard.metrics import registry_for
+from celery_aitp.dashboard.security import SecurityMiddleware
+from celery_aitp.dashboard.views import PAGES, Pages
+from celery_aitp.registry import QUEUE_OPS, resolve
+
+
+def queue_ops_factory(app: Any) -> Any:
+    """Builds the QueueOps adapter for the app's broker (through the port's registry)."""
+
+    def build() -> Any:
+        with app.connection_for_write() as conn:
+            driver = conn.transport.driver_type
+        return resolve(QUEUE_OPS, driver)(app)
+
+    return build
+
+
+def build_dashboard(middleware: Any, config: DashboardConfig, version: str = "") -> Dashboard:
+    """A Dashboard reading the fleet of ``middleware`` (an installed celery_aitp app)."""
+    settings = middleware.settings
+    tasks = tuple(sorted(middleware.app.tasks.keys()))
+    fleet = Fleet(middleware.store, settings.policy, middleware.default_queue,
+                  queue_ops_factory(middleware.app), settings.worker_ttl_s,
+                  refresh_s=config.refresh_s, window_s=config.window_s, tasks=tasks)
+    return Dashboard(config=config, fleet=fleet, worker_ttl_s=settings.worker_ttl_s,
+                     version=version)
+
+
+def _metrics(dashboard: Dashboard) -> Any:
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+    registry = registry_for(dashboard.fleet)
+
+    def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return metrics
+
+
+def routes(dashboard: Dashboard) -> list[BaseRoute]:
+    """Every route, relative to the URL prefix."""
+    views = Pages(dashboard.config, dashboard.version)
+    table: list[BaseRoute] = []
+    for page, (path, _, _) in PAGES.items():
+        table.append(Route(path, (lambda p: lambda r: views.render(r, p))(page), name=page))
+    table += [
+        Route("/tasks/{task_id:str}", lambda r: views.render(r, "task", r.path_params["task_id"]),
+              name="task"),
+        Route("/api", dashboard.index),
+        Route("/api/overview", dashboard.overview),
+        Route("/api/tenants", dashboard.tenants),
+        Route("/api/queues", dashboard.queues),
+        Route("/api/workers", dashboard.workers),
+        Route("/api/predictions", dashboard.predictions),
+        Route("/api/tasks", dashboard.tasks),
+        Route("/api/tasks/{task_id:str}", dashboard.task),
+        Route("/api/stage", dashboard.stage, methods=["GET"]),
+        Route("/metrics", _metrics(dashboard)),
+        Route("/healthz", dashboard.healthz),
+        Route("/readyz", dashboard.readyz),
+        Mount("/static", StaticFiles(packages=[("celery_aitp.dashboard", "static")]),
+              name="static"),
+    ]
+    if not dashboard.config.read_only:
+        table.append(Route("/api/stage", dashboard.change_stage, methods=["POST"]))
+    return table
+
+
+def create_app(dashboard: Dashboard) -> Any:
+    """The ASGI app: routes under the URL prefix, behind authentication if configured."""
+    prefix = dashboard.config.url_prefix
+    table = routes(dashboard)
+    if prefix:
+        table = [Mount(prefix, routes=table),
+                 Route("/", lambda r: RedirectResponse(prefix + "/"))]
+    app = Starlette(routes=table)
+    return SecurityMiddleware(app, dashboard.config.basic_auth, prefix)

@@ -1,0 +1,188 @@
+"""Prometheus exposition of the fleet, every name prefixed ``aitp_``.
+
+The dashboard is the fleet's exporter: producers and workers ship their process-local
+counters and records to the store, and this collector turns one Snapshot (plus the
+cumulative run totals) into metric families. Every label value is bounded, see
+:mod:`labels`; ``METRICS`` lists each family with its labels for the README and tests.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import CollectorRegistry
+
+from celery_aitp.dashboard import pages
+from celery_aitp.dashboard.fleet import Fleet
+from celery_aitp.policy import Stage
+
+#: name -> (type, labels, help). The README's metrics reference mirrors this table.
+METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "aitp_decisions_total": ("counter", ("stage", "tenant", "tier", "accelerator", "reason",
+                                         "outcome"),
+                             "Publish-time decisions; outcome is routed or fallback."),
+    "aitp_events_total": ("counter", ("event",),
+                          "Other fleet counters (tenant_unknown, records_dropped:..., ...)."),
+    "aitp_queue_depth": ("gauge", ("queue", "kind"), "Messages waiting in the queue."),
+    "aitp_queue_oldest_age_seconds": ("gauge", ("queue", "kind"),
+                                      "Age of the oldest waiting message (0 when empty)."),
+    "aitp_queue_consumers": ("gauge", ("queue", "kind"), "Live AITP workers serving the queue."),
+    "aitp_queue_orphaned": ("gauge", ("queue",),
+                            "1 when a tier queue holds messages and no live worker serves it."),
+    "aitp_queue_wait_seconds": ("histogram", ("tenant", "tier"),
+                                "Queue wait of runs seen since this exporter started."),
+    "aitp_run_seconds": ("histogram", ("tenant", "tier"),
+                         "Run time of runs seen since this exporter started."),
+    "aitp_runs_total": ("counter", ("tenant", "tier", "outcome"),
+                        "Runs seen since this exporter started, by final state."),
+    "aitp_sla_misses_total": ("counter", ("tenant", "tier"),
+                              "Runs whose queue wait exceeded their tier's sla_s."),
+    "aitp_sla_hit_ratio": ("gauge", ("tier",), "Share of runs in the window that met the SLA."),
+    "aitp_prediction_relative_error": ("histogram", ("task",),
+                                       "|predicted - actual| / actual run time per run."),
+    "aitp_prediction_error_seconds": ("gauge", ("task",),
+                                      "Mean absolute prediction error in the window."),
+    "aitp_tenant_share": ("gauge", ("tenant",), "Tenant's share of run time in the window."),
+    "aitp_tenant_fair_share": ("gauge", ("tenant",),
+                               "Weight over the weights of the tenants active in the window."),
+    "aitp_fairness_index": ("gauge", (), "Jain's index of share/fair share over active tenants."),
+    "aitp_priority_entropy_bits": ("gauge", (), "Entropy of the tier distribution of decisions."),
+    "aitp_model_info": ("gauge", ("version",), "1 for the runtime model version in the store."),
+    "aitp_model_loaded": ("gauge", (), "1 when a trained model is in the store, 0 in cold start."),
+    "aitp_model_age_seconds": ("gauge", (), "Seconds since the model was trained (if known)."),
+    "aitp_stage": ("gauge", ("stage",), "1 for the live migration stage, 0 for the others."),
+    "aitp_split_percent": ("gauge", (), "Share of traffic the split stage routes."),
+    "aitp_workers": ("gauge", ("accelerator",), "Live AITP workers by accelerator class."),
+    "aitp_store_up": ("gauge", (), "1 when the shared store answered the last read."),
+    "aitp_broker_up": ("gauge", (), "1 when the broker answered the last depth read."),
+}
+
+
+def _family(name: str) -> Metric:
+    kind, labels, doc = METRICS[name]
+    base = name.removesuffix("_total") if kind == "counter" else name
+    if kind == "counter":
+        return CounterMetricFamily(base, doc, labels=labels)
+    if kind == "histogram":
+        return HistogramMetricFamily(name, doc, labels=labels)
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+class FleetCollector:
+    """A prometheus_client collector reading one Fleet."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked collector: families depend on the data
+
+    def collect(self) -> Iterator[Metric]:
+        fleet = self.fleet
+        snap = fleet.snapshot()
+        fams = {name: _family(name) for name in METRICS}
+        self._decisions(fams, snap.counters)
+        self._queues(fams, snap.queues)
+        self._runs(fams)
+        self._window(fams, snap)
+        self._state(fams, snap)
+        yield from fams.values()
+
+    def _decisions(self, fams: dict[str, Any], counts: dict[str, int]) -> None:
+        b = self.fleet.bounds
+        decisions: Counter[tuple[str, ...]] = Counter()
+        events: Counter[str] = Counter()
+        for key, n in counts.items():
+            parsed = pages.parse_decision_key(key)
+            if parsed is None:
+                events[b.free("event", key)] += n
+                continue
+            reason = b.free("reason", parsed["reason"])
+            decisions[(b.stage(parsed["stage"]), b.tenant(parsed["tenant"]),
+                       b.tier(parsed["tier"]), b.accelerator(parsed["accelerator"]), reason,
+                       "routed" if parsed["reason"] == "routed" else "fallback")] += n
+        for labels, n in sorted(decisions.items()):
+            fams["aitp_decisions_total"].add_metric(labels, n)
+        for event, n in sorted(events.items()):
+            fams["aitp_events_total"].add_metric((event,), n)
+
+    def _queues(self, fams: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+        for q in rows:
+            if q.get("depth") is None:
+                continue
+            labels = (q["queue"], q["kind"])
+            fams["aitp_queue_depth"].add_metric(labels, q["depth"])
+            fams["aitp_queue_oldest_age_seconds"].add_metric(labels, q.get("oldest_age_s") or 0.0)
+            fams["aitp_queue_consumers"].add_metric(labels, len(q.get("consumers") or ()))
+            if q["kind"] == "tier":
+                fams["aitp_queue_orphaned"].add_metric((q["queue"],), 1.0 if q["orphaned"] else 0.0)
+
+    def _runs(self, fams: dict[str, Any]) -> None:
+        state = self.fleet.totals.copy_state()
+        for name, part in (("aitp_queue_wait_seconds", "wait"), ("aitp_run_seconds", "run"),
+                           ("aitp_prediction_relative_error", "prediction_error")):
+            for labels, (buckets, total) in sorted(state[part].items()):
+                fams[name].add_metric(labels, buckets, total)
+        misses = state["sla_misses"]
+        for labels in sorted(set(misses) | set(state["wait"])):  # zeros too, for ratios
+            fams["aitp_sla_misses_total"].add_metric(labels, misses.get(labels, 0))
+        for labels, n in sorted(state["runs"].items()):
+            fams["aitp_runs_total"].add_metric(labels, n)
+
+    def _window(self, fams: dict[str, Any], snap: Any) -> None:
+        fleet, b = self.fleet, self.fleet.bounds
+        for row in pages.sla_by_tier(fleet.policy, snap.observations):
+            if row["hit_rate"] is not None:
+                fams["aitp_sla_hit_ratio"].add_metric((row["tier"],), row["hit_rate"])
+        errors: dict[str, list[tuple[int, float]]] = {}
+        for row in pages.predictions(snap)["by_task"]:
+            errors.setdefault(b.task(row["task"]), []).append((row["n"], row["mae_s"]))
+        for task, items in sorted(errors.items()):
+            n = sum(i[0] for i in items)
+            fams["aitp_prediction_error_seconds"].add_metric(
+                (task,), sum(k * v for k, v in items) / n)
+        ten = pages.tenants(snap, fleet.policy, fleet.window_s)
+        for row in ten["tenants"]:
+            if row["known"]:
+                fams["aitp_tenant_share"].add_metric((row["tenant"],), row["share"])
+                fams["aitp_tenant_fair_share"].add_metric((row["tenant"],),
+                                                          row["fair_share"] or 0.0)
+        if ten["fairness_index"] is not None:
+            fams["aitp_fairness_index"].add_metric((), ten["fairness_index"])
+        if ten["priority_entropy_bits"] is not None:
+            fams["aitp_priority_entropy_bits"].add_metric((), ten["priority_entropy_bits"])
+
+    def _state(self, fams: dict[str, Any], snap: Any) -> None:
+        fleet, b = self.fleet, self.fleet.bounds
+        model = snap.model or {}
+        if model.get("version"):
+            fams["aitp_model_info"].add_metric((str(model["version"])[:64],), 1.0)
+        fams["aitp_model_loaded"].add_metric((), 1.0 if model.get("loaded") else 0.0)
+        if model.get("age_s") is not None:
+            fams["aitp_model_age_seconds"].add_metric((), model["age_s"])
+        for stage in Stage:
+            fams["aitp_stage"].add_metric((stage.value,), 1.0 if snap.stage == stage.value else 0.0)
+        fams["aitp_split_percent"].add_metric((), float(snap.split.get("percent") or 0.0))
+        alive: Counter[str] = Counter()
+        for w in pages.workers(snap, fleet.worker_ttl_s)["workers"]:
+            if w["alive"]:
+                alive[b.accelerator(w["accelerator"])] += 1
+        for accelerator in sorted(set(fleet.policy.accelerators) | set(alive)):
+            fams["aitp_workers"].add_metric((accelerator,), alive.get(accelerator, 0))
+        fams["aitp_store_up"].add_metric((), 1.0 if snap.store_ok else 0.0)
+        fams["aitp_broker_up"].add_metric((), 1.0 if snap.broker_ok else 0.0)
+
+
+def registry_for(fleet: Fleet) -> CollectorRegistry:
+    """A private registry holding only the fleet collector (no process metrics)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FleetCollector(fleet))
+    return registry

@@ -1,0 +1,130 @@
+"""Basic authentication, cross-site request protection and response headers.
+
+* Basic auth (when configured) covers every route except ``/healthz`` and ``/readyz``,
+  which orchestrators probe without credentials; passwords are compared in constant time.
+* A state-changing request must be JSON, come from the dashboard's own origin (``Origin``
+  or ``Referer``, and ``Sec-Fetch-Site`` when the browser sends it) and carry the
+  double-submit token: the ``X-AITP-CSRF`` header equal to the ``aitp_csrf`` cookie,
+  which is ``SameSite=Strict`` so a cross-site page can neither send nor read it.
+* Every response forbids framing and inline scripts (Content-Security-Policy).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import secrets
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import urlsplit
+
+CSRF_COOKIE = "aitp_csrf"
+CSRF_HEADER = "x-aitp-csrf"
+OPEN_PATHS = ("/healthz", "/readyz")
+SECURITY_HEADERS = [
+    (b"content-security-policy",
+     b"default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+     b"frame-ancestors 'none'; base-uri 'none'; form-action 'self'"),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+]
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+def check_basic_auth(header: str | None, credentials: tuple[tuple[str, str], ...]) -> str | None:
+    """The authenticated user name, or None."""
+    if not header or not header.lower().startswith("basic "):
+        return None
+    try:
+        decoded = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    user, _, password = decoded.partition(":")
+    found = None
+    for known_user, known_password in credentials:  # no early exit: constant work per try
+        ok_user = hmac.compare_digest(user.encode(), known_user.encode())
+        ok_password = hmac.compare_digest(password.encode(), known_password.encode())
+        if ok_user and ok_password:
+            found = known_user
+    return found
+
+
+class SecurityMiddleware:
+    """ASGI middleware: authentication and security headers for the whole app."""
+
+    def __init__(self, app: ASGIApp, credentials: tuple[tuple[str, str], ...],
+                 prefix: str = "", realm: str = "celery_aitp") -> None:
+        self.app = app
+        self.credentials = credentials
+        self.open_paths = tuple(prefix + p for p in OPEN_PATHS)
+        self.realm = realm
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + SECURITY_HEADERS
+            await send(message)
+
+        if self.credentials and scope.get("path") not in self.open_paths:
+            user = check_basic_auth(_headers(scope).get("authorization"), self.credentials)
+            if user is None:
+                await _plain(send_with_headers, 401, b"authentication required\n",
+                             [(b"www-authenticate", f'Basic realm="{self.realm}"'.encode())])
+                return
+            scope.setdefault("state", {})["user"] = user
+        await self.app(scope, receive, send_with_headers)
+
+
+async def _plain(send: Send, status: int, body: bytes,
+                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = [(b"content-type", b"text/plain; charset=utf-8"),
+               (b"content-length", str(len(body)).encode())] + (extra or [])
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def new_csrf_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def _origin_of(url: str) -> str | None:
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return None
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+def cross_site_problem(headers: dict[str, str], scheme: str, cookies: dict[str, str]) -> str | None:
+    """Why a state-changing request must be refused, or None if it is same-site."""
+    host = headers.get("host", "").lower()
+    own = f"{scheme}://{host}"
+    fetch_site = headers.get("sec-fetch-site")
+    if fetch_site and fetch_site not in ("same-origin", "none"):
+        return f"cross-site request refused (Sec-Fetch-Site: {fetch_site})"
+    origin = headers.get("origin")
+    referer = headers.get("referer")
+    claimed = _origin_of(origin) if origin and origin != "null" else None
+    if claimed is None and referer:
+        claimed = _origin_of(referer)
+    if origin == "null" or (claimed is not None and claimed != own):
+        return f"cross-site request refused (origin {origin or referer} is not {own})"
+    if not headers.get("content-type", "").lower().startswith("application/json"):
+        return "expected Content-Type: application/json"
+    token, cookie = headers.get(CSRF_HEADER, ""), cookies.get(CSRF_COOKIE, "")
+    if not token or not cookie or not hmac.compare_digest(token.encode(), cookie.encode()):
+        return f"missing or wrong {CSRF_HEADER} token (reload the page)"
+    return None

@@ -1,0 +1,89 @@
+"""Why a task went where it went: a decision record turned into a readable breakdown.
+
+Pure: takes the record (from :class:`celery_aitp.store.decision_log.DecisionLog`) and the
+policy that decided it (from the policy history by the record's digest; else the active
+policy, with a note), returns plain data for the CLI, the dashboard or JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from celery_aitp.errors import PolicyError
+from celery_aitp.policy import Policy, parse_policy
+from celery_aitp.priority_policy import FACTORS
+
+
+def policy_for(record: Mapping[str, Any], active: Policy, active_digest: str,
+               history: Sequence[Mapping[str, Any]]) -> tuple[Policy, str | None]:
+    """The policy that made the decision, and a note when it is not certain."""
+    digest = record.get("policy")
+    if digest is None:
+        return active, "the record has no policy digest: weights of the active policy"
+    if digest == active_digest:
+        return active, None
+    for entry in history:
+        if entry.get("digest") == digest and isinstance(entry.get("policy"), dict):
+            try:
+                return parse_policy(entry["policy"]), None
+            except PolicyError:
+                break
+    return active, (f"decided under policy {digest}, not in the policy history: "
+                    "weights of the active policy")
+
+
+def explain(record: Mapping[str, Any], policy: Policy, note: str | None = None) -> dict[str, Any]:
+    """Factors with weights and contributions, the tier steps, profile, prediction, route."""
+    weights = {name: float(getattr(policy.priority.weights, name)) for name in FACTORS}
+    total = sum(weights.values()) or 1.0
+    factors = record.get("factors") or {}
+    rows = []
+    for name in FACTORS:
+        value = factors.get(name)
+        weight = weights[name]
+        rows.append({
+            "factor": name, "value": value, "weight": weight,
+            "contribution": (weight * value / total) if isinstance(value, (int, float)) else None,
+        })
+    return {
+        "task": record.get("task"),
+        "task_id": record.get("task_id"),
+        "tenant": record.get("tenant"),
+        "decided_at": record.get("decided_at"),
+        "factors": rows,
+        "score": record.get("score"),
+        "tier": record.get("tier"),
+        "tier_steps": record.get("tier_steps"),
+        "min_scores": dict(zip(policy.tier_names, policy.tier_min_scores(), strict=True)),
+        "profile": record.get("profile"),
+        "prediction": {
+            "p50_s": record.get("predicted_runtime_s"),
+            "p90_s": record.get("predicted_p90_s"),
+            "source": record.get("prediction_source"),
+        },
+        "route": {
+            "queue": record.get("queue") if record.get("routed") else None,
+            "would_queue": record.get("queue"),
+            "routed": record.get("routed"),
+            "reason": record.get("reason"),
+            "stage": record.get("stage"),
+            "arm": record.get("arm"),
+            "accelerator": record.get("accelerator"),
+        },
+        "policy": record.get("policy"),
+        "note": note,
+    }
+
+
+def tier_story(steps: Mapping[str, Any] | None, tier: str | None) -> str:
+    """One line: how the score's tier became the final tier."""
+    if not steps:
+        return f"tier {tier}"
+    parts = [f"score -> {steps.get('score')}"]
+    if steps.get("floor"):
+        parts.append(f"declared floor {steps['floor']}")
+    parts.append(f"tenant cap {steps.get('cap')}")
+    if steps.get("fair_share"):
+        parts.append("above fair share: one tier lower")
+    return "; ".join(parts) + f" => {tier}"

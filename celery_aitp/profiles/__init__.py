@@ -1,0 +1,1 @@
+"""Resource profiles per task: decaying histograms of what observed runs used."""

@@ -1,0 +1,1 @@
+"""Scheduling rules shared by producers and workers: fair share, weighted tier order."""

@@ -1,0 +1,191 @@
+"""Per-tenant usage with a half-life, and who is above their fair share.
+
+One store hash ``usage`` (under the prefix) holds decaying sums (see
+:mod:`celery_aitp.store.decayed`), half-life ``fair_share.half_life_s``:
+
+* ``p:<tenant>`` predicted runtime published (producers, from each decision's p50, or
+  ``fair_share.default_cost_s`` without a prediction) and ``n:<tenant>`` tasks published;
+* ``o:<tenant>`` observed runtime and ``r:<tenant>`` runs (workers, after each run);
+* ``t:<tier>`` decisions per tier (for the priority-distribution entropy).
+
+Producers add in batches from the background refresher, never per publish; the same
+round trip reads the hash back. A tenant's usage is ``max(predicted, observed)``: the
+prediction reacts at once to a flood (before it runs), the observation corrects
+under-prediction. Among active tenants (at least ``fair_share.min_active_share`` of all
+usage), tenant ``i`` is above its share when ``usage_i / sum(usage) > w_i / sum(w) *
+(1 + fair_share.tolerance)``; its tasks are then demoted one tier until it is back under.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_aitp.fairness import served_fairness, tier_entropy
+from celery_aitp.policy import Policy
+from celery_aitp.store.decayed import DecayedSums, decayed_values, decode_hash
+from celery_aitp.store.redis_store import RedisStore, _translated
+
+#: Publishes kept for the next batch while the store is unreachable (oldest dropped).
+PENDING_LIMIT = 100_000
+
+
+def usage_key(store: RedisStore) -> str:
+    return store.keys.any("usage")
+
+
+def demoted_tenants(usage: Mapping[str, float], weights: Mapping[str, float],
+                    tolerance: float, min_active_share: float) -> tuple[frozenset[str],
+                                                                         dict[str, float]]:
+    """Tenants above their weighted share, and each active tenant's fair share."""
+    total = sum(u for t, u in usage.items() if t in weights and u > 0)
+    if total <= 0:
+        return frozenset(), {}
+    active = [t for t, u in usage.items() if t in weights and u / total >= min_active_share]
+    weight_sum = sum(weights[t] for t in active)
+    fair = {t: weights[t] / weight_sum for t in active}
+    if len(active) < 2:
+        return frozenset(), fair
+    over = frozenset(t for t in active if usage[t] / total > fair[t] * (1.0 + tolerance))
+    return over, fair
+
+
+@dataclass(frozen=True)
+class UsageSnapshot:
+    """Decayed usage as of ``at``, and what the priority stage and the metrics need."""
+
+    at: float = 0.0
+    predicted: Mapping[str, float] = field(default_factory=dict)
+    published: Mapping[str, float] = field(default_factory=dict)
+    observed: Mapping[str, float] = field(default_factory=dict)
+    runs: Mapping[str, float] = field(default_factory=dict)
+    tiers: Mapping[str, float] = field(default_factory=dict)
+    usage: Mapping[str, float] = field(default_factory=dict)
+    fair: Mapping[str, float] = field(default_factory=dict)
+    demoted: frozenset[str] = frozenset()
+    jain: float | None = None
+    entropy: float | None = None
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, float], at: float, policy: Policy) -> UsageSnapshot:
+        groups: dict[str, dict[str, float]] = {k: {} for k in "pnort"}
+        for name, value in values.items():
+            kind, _, key = name.partition(":")
+            if kind in groups and key:
+                groups[kind][key] = value
+        predicted, observed = groups["p"], groups["o"]
+        usage = {t: max(predicted.get(t, 0.0), observed.get(t, 0.0))
+                 for t in set(predicted) | set(observed) if t in policy.tenants}
+        weights = {t: spec.weight for t, spec in policy.tenants.items()}
+        fs = policy.fair_share
+        demoted, fair = demoted_tenants(usage, weights, fs.tolerance, fs.min_active_share)
+        if not fs.enabled:
+            demoted = frozenset()
+        return cls(
+            at=at, predicted=predicted, published=groups["n"], observed=observed,
+            runs=groups["r"], tiers=groups["t"], usage=usage, fair=fair, demoted=demoted,
+            jain=_served_jain(observed, groups["r"], groups["n"], predicted, weights),
+            entropy=tier_entropy(groups["t"], policy.tier_names),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-safe form (for the dashboard, metrics and ``explain``)."""
+        return {
+            "at": self.at, "usage_s": dict(self.usage), "predicted_s": dict(self.predicted),
+            "observed_s": dict(self.observed), "published": dict(self.published),
+            "runs": dict(self.runs), "tiers": dict(self.tiers), "fair_share": dict(self.fair),
+            "demoted": sorted(self.demoted), "jain": self.jain, "entropy": self.entropy,
+        }
+
+
+def _served_jain(observed: Mapping[str, float], runs: Mapping[str, float],
+                 published: Mapping[str, float], predicted: Mapping[str, float],
+                 weights: Mapping[str, float]) -> float | None:
+    """Jain's index of served work normalised by max-min fair shares (``fairness``).
+
+    Demand is estimated in the unit of served work: a tenant's observed runtime scaled
+    by tasks published over tasks run (its own mean runtime times what it asked for),
+    or its predicted runtime before any of its tasks ran.
+    """
+    demanded: dict[str, float] = {}
+    for tenant in set(observed) | set(predicted):
+        if tenant not in weights:
+            continue
+        done, asked = runs.get(tenant, 0.0), published.get(tenant, 0.0)
+        if done > 0:
+            demanded[tenant] = observed.get(tenant, 0.0) * max(1.0, asked / done)
+        else:
+            demanded[tenant] = predicted.get(tenant, 0.0)
+    return served_fairness(observed, demanded, weights)
+
+
+class UsageStore:
+    """Adds to and reads the usage hash."""
+
+    def __init__(self, store: RedisStore, half_life_s: float) -> None:
+        self.store = store
+        self.key = usage_key(store)
+        self.half_life_s = half_life_s
+        self.sums = DecayedSums(store)
+
+    def queue_add(self, pipe: Any, amounts: Mapping[str, float], now: float) -> None:
+        if amounts:
+            self.sums.add(pipe, self.key, amounts, now, self.half_life_s)
+
+    def add_and_read(self, amounts: Mapping[str, float], now: float) -> dict[str, float]:
+        """Add a batch and read the whole hash back, in one round trip."""
+        with _translated():
+            pipe = self.store.client.pipeline(transaction=False)
+            self.queue_add(pipe, amounts, now)
+            pipe.hgetall(self.key)
+            raw = pipe.execute()[-1]
+        return decayed_values(decode_hash(raw), now)[0]
+
+
+def read_usage(store: RedisStore, policy: Policy, now: float | None = None) -> UsageSnapshot:
+    """The current usage snapshot, for readers (dashboard, CLI); adds nothing."""
+    now = time.time() if now is None else now
+    values = UsageStore(store, policy.fair_share.half_life_s).add_and_read({}, now)
+    return UsageSnapshot.from_values(values, now, policy)
+
+
+class UsageSource:
+    """Live-view source ``usage``: ships this process's publishes, reads everyone's usage.
+
+    The priority stage appends ``(tenant, tier, cost_s)`` to :attr:`pending` (a deque
+    append, atomic and about 50 ns); each refresh round adds them up and sends them.
+    """
+
+    name = "usage"
+    initial = UsageSnapshot()
+
+    def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.pending: deque[tuple[str, str, float]] = deque(maxlen=PENDING_LIMIT)
+        self._carry: dict[str, float] = {}  # a batch the store did not take last time
+
+    def drain(self) -> dict[str, float]:
+        """Sum what was published since the last round into usage-hash increments."""
+        amounts, self._carry = self._carry, {}
+        pending = self.pending
+        for _ in range(len(pending)):
+            tenant, tier, cost = pending.popleft()
+            for name, amount in ((f"p:{tenant}", cost), (f"n:{tenant}", 1.0),
+                                 (f"t:{tier}", 1.0)):
+                amounts[name] = amounts.get(name, 0.0) + amount
+        return amounts
+
+    def fetch(self, store: RedisStore, previous: UsageSnapshot) -> UsageSnapshot:
+        now = self.clock()
+        amounts = self.drain()
+        usage = UsageStore(store, self.policy.fair_share.half_life_s)
+        try:
+            values = usage.add_and_read(amounts, now)
+        except Exception:
+            self._carry = amounts  # sent with the next round (a sum: bounded in size)
+            raise
+        return UsageSnapshot.from_values(values, now, self.policy)

@@ -1,0 +1,177 @@
+"""Weighted tier order for AITP workers on Redis: tiers first, no tier starves.
+
+Kombu's Redis transport asks its queue-order strategy for the order of the queues in
+each ``BRPOP`` (the first non-empty queue in that order is served) and tells it which
+queue was served (``rotate``). :class:`WeightedTierCycle` is such a strategy
+(``broker_transport_options['queue_order_strategy']``), doing stride scheduling:
+
+* every queue ``q`` has a weight ``w_q`` (its tier's read weight times its tenant's
+  fair-share weight, see :func:`queue_weights`) and a *pass* value;
+* queues are offered in increasing pass (ties: heavier first), and the served queue's
+  pass grows by ``1 / w_q``;
+* a queue that was offered before the served one was empty at that moment, so its pass
+  is raised to the served queue's: a queue cannot save up credit while idle and then
+  burst.
+
+While every queue has work, queue ``q`` gets ``w_q / sum(w)`` of the reads; an empty
+higher tier costs nothing (the read goes to the next queue). A backlogged queue's pass
+stands still while the others' grow, so its rank rises with every read it waits: the
+effective priority of its oldest message rises with waiting time.
+
+Fair share on the worker side: while a tenant is above its fair share (the ``usage``
+source of the worker's live view, see :func:`follow_usage`), its queues are read with
+the weight of the tier below (below the lowest tier: a further ``1/8``). So demotion
+also applies to messages already queued before it, and to the lowest tier.
+
+**Bound.** Between two reads of a backlogged queue ``q`` (among ``m`` queues of total
+weight ``W``) there are at most ``G_q = ceil(W / w_q) + 2m`` reads of other queues; a
+message with ``k`` messages ahead of it in its queue is read within ``(k + 1) * (G_q +
+1)`` reads. With ``c`` pool processes and runs of at most ``R`` seconds, reads happen
+at least ``c`` per ``R`` while the worker is saturated, so it waits at most
+``(ceil((k + 1) * (G_q + 1) / c) + 1) * R`` (see :func:`longest_wait_s`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from celery_aitp.policy import TIER_WEIGHT_RATIO, Policy
+from celery_aitp.queues import parse_tier_queue
+
+#: The strategy's dotted name, as ``queue_order_strategy`` takes it.
+STRATEGY = "celery_aitp.worker.tier_cycle:WeightedTierCycle"
+#: Pass values are shifted back to 0 beyond this, keeping float steps exact.
+_RENORMALISE_AT = 1e6
+
+_lock = threading.Lock()
+_weights: dict[str, float] = {}
+_demoted_weights: dict[str, float] = {}
+_tenant_of: dict[str, str] = {}
+_demoted: frozenset[str] = frozenset()
+_default_weight = 1.0
+
+
+class WeightPlan:
+    """Read weights of a worker's queues, normal and while their tenant is demoted."""
+
+    def __init__(self, policy: Policy, queues: Iterable[str]) -> None:
+        tiers = policy.tier_weights()
+        names = policy.tier_names
+        below = {name: tiers[names[i + 1]] if i + 1 < len(names)
+                 else tiers[name] / TIER_WEIGHT_RATIO for i, name in enumerate(names)}
+        self.weights: dict[str, float] = {}
+        self.demoted: dict[str, float] = {}
+        self.tenants: dict[str, str] = {}
+        self.default = min(tiers.values())
+        for queue in queues:
+            parsed = parse_tier_queue(queue)
+            if parsed is None or parsed[2] not in tiers:
+                continue
+            tenant, _, tier = parsed
+            spec = policy.tenants.get(tenant)
+            share = spec.weight if spec else 1.0
+            self.weights[queue] = tiers[tier] * share
+            self.demoted[queue] = below[tier] * share
+            self.tenants[queue] = tenant
+
+
+def queue_weights(policy: Policy, queues: Iterable[str]) -> tuple[dict[str, float], float]:
+    """Read weight of each tier queue, and the weight of any other queue (the lowest tier's).
+
+    ``weight(aitp.<tenant>.<acc>.<tier>) = tier weight * tenant fair-share weight``.
+    """
+    plan = WeightPlan(policy, queues)
+    return plan.weights, plan.default
+
+
+def configure(plan: WeightPlan | Mapping[str, float], default: float = 1.0) -> None:
+    """Set the weights every :class:`WeightedTierCycle` of this process uses (bootstep)."""
+    global _default_weight, _demoted
+    with _lock:
+        _weights.clear()
+        _demoted_weights.clear()
+        _tenant_of.clear()
+        if isinstance(plan, WeightPlan):
+            _weights.update(plan.weights)
+            _demoted_weights.update(plan.demoted)
+            _tenant_of.update(plan.tenants)
+            _default_weight = plan.default
+        else:
+            _weights.update(plan)
+            _default_weight = float(default)
+        _demoted = frozenset()
+
+
+def set_demoted(tenants: frozenset[str]) -> None:
+    """Tenants above their fair share right now (their queues read one tier lower)."""
+    global _demoted
+    _demoted = frozenset(tenants)
+
+
+def follow_usage(view: Any) -> None:
+    """A live-view listener: keep :func:`set_demoted` in step with the ``usage`` source."""
+    usage = view.sources.get("usage")
+    demoted = getattr(usage, "demoted", None)
+    if isinstance(demoted, frozenset) and demoted != _demoted:
+        set_demoted(demoted)
+
+
+def weight_of(queue: str) -> float:
+    if _demoted and _tenant_of.get(queue) in _demoted:
+        return _demoted_weights.get(queue, _default_weight)
+    return _weights.get(queue, _default_weight)
+
+
+def longest_wait_s(weights: Mapping[str, float], queue: str, ahead: int, processes: int,
+                   max_runtime_s: float) -> float:
+    """The documented bound on a message's wait in ``queue`` (module docstring)."""
+    total = sum(weights.values())
+    gap = math.ceil(total / weights[queue]) + 2 * len(weights)
+    reads = (ahead + 1) * (gap + 1)
+    return (math.ceil(reads / max(1, processes)) + 1) * max_runtime_s
+
+
+class WeightedTierCycle:
+    """A kombu queue-order strategy (``update`` / ``consume`` / ``rotate``)."""
+
+    def __init__(self, it: Any = None) -> None:
+        self.items: list[str] = []
+        self.passes: dict[str, float] = {}
+        self._offered: list[str] = []
+        self.update(it or [])
+
+    def update(self, it: Iterable[str]) -> None:
+        """The queues being consumed changed; a new queue starts at the current minimum."""
+        items = list(it)
+        start = min(self.passes.values(), default=0.0)
+        self.passes = {q: self.passes.get(q, start) for q in items}
+        self.items[:] = items
+
+    def consume(self, n: int) -> list[str]:
+        """The queue order for the next read: lowest pass first, heavier first on ties."""
+        index = {q: i for i, q in enumerate(self.items)}
+        order = sorted(self.items, key=lambda q: (self.passes.get(q, 0.0), -weight_of(q),
+                                                  index[q]))[:n]
+        self._offered = order
+        return order
+
+    def rotate(self, last_used: str) -> str:
+        """Charge the served queue; queues offered before it were empty: no credit."""
+        passes = self.passes
+        base = passes.get(last_used)
+        if base is None:
+            return last_used
+        for queue in self._offered:
+            if queue == last_used:
+                break
+            if passes.get(queue, base) < base:
+                passes[queue] = base
+        passes[last_used] = base + 1.0 / weight_of(last_used)
+        low = min(passes.values())
+        if low > _RENORMALISE_AT:
+            for queue in passes:
+                passes[queue] -= low
+        return last_used

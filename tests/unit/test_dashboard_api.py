@@ -1,0 +1,313 @@
+"""The dashboard's HTTP surface on fakes: pages, JSON API, metrics, auth, CSRF, read-only."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Any
+
+import fakeredis
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from celery_aitp.dashboard.api import Dashboard
+from celery_aitp.dashboard.app import create_app
+from celery_aitp.dashboard.config import DashboardConfig
+from celery_aitp.dashboard.fleet import Fleet
+from celery_aitp.dashboard.metrics import METRICS
+from celery_aitp.policy import parse_policy
+from celery_aitp.store import Keys, RedisStore
+from celery_aitp.stubs import MemoryQueueOps
+from tests.conftest import TEST_POLICY
+
+TASKS = ("proj.render", "proj.report")
+
+
+def seed(store: RedisStore, ops: MemoryQueueOps) -> None:
+    """A small fleet: one gpu worker for acme, decisions, runs, an orphaned queue."""
+    now = time.time()
+    store.advertise("gpu1@host", ["aitp.acme.gpu.hi", "aitp.acme.gpu.mid"],
+                    {"tenants": ["acme"], "accelerator": "gpu", "tiers": ["hi", "mid"],
+                     "default_queue": False}, ttl_s=60)
+    store.add_counts({"decisions:takeover:acme:hi:gpu:routed": 6,
+                      "decisions:takeover:globex:mid:cpu:no_live_worker": 3,
+                      "decisions:takeover:::unknown:error:KeyError": 1,
+                      "tenant_unknown": 2})
+    decisions = [
+        {"task": TASKS[0], "task_id": f"id-{i}", "tenant": "acme", "tier": "hi",
+         "accelerator": "gpu", "queue": "aitp.acme.gpu.hi", "routed": True, "reason": "routed",
+         "stage": "takeover", "decided_at": now - 5, "predicted_runtime_s": 0.5,
+         "factors": {"tier": 0.7, "aging": {"contribution": 0.2}, "fair_share": -0.1},
+         "score": 0.8, "profile": {"memory_mb": 512}}
+        for i in range(6)
+    ] + [{"task": TASKS[1], "task_id": "g-1", "tenant": "globex", "tier": "mid"}]  # older shape
+    store.append_records(store.keys.decisions, decisions, maxlen=1000)
+    runs = [
+        {"task": TASKS[0], "task_id": f"id-{i}", "tenant": "acme", "tier": "hi", "wait_s": 0.5 + i,
+         "runtime_s": 0.4, "predicted_runtime_s": 0.5, "outcome": "SUCCESS", "worker": "gpu1@host"}
+        for i in range(6)
+    ] + [{"task": TASKS[1], "task_id": "g-1", "tenant": "globex", "tier": "mid", "wait_s": 2.0,
+          "runtime_s": 1.2, "outcome": "SUCCESS"}]
+    store.append_records(store.keys.observations, runs, maxlen=1000)
+    ops.queues["aitp.globex.cpu.lo"].append((now - 42.0, b"stranded"))
+    ops.queues["default-q"].append((now - 3.0, b"waiting"))
+
+
+def make_client(store: RedisStore, ops: MemoryQueueOps | None = None,
+                **config: Any) -> tuple[TestClient, Dashboard]:
+    policy = parse_policy(TEST_POLICY)
+    ops = ops or MemoryQueueOps()
+    fleet = Fleet(store, policy, "default-q", lambda: ops, worker_ttl_s=10.0, refresh_s=0.0,
+                  window_s=300.0, tasks=TASKS)
+    dashboard = Dashboard(DashboardConfig(**config), fleet, worker_ttl_s=10.0, version="test")
+    return TestClient(create_app(dashboard)), dashboard
+
+
+@pytest.fixture
+def ops() -> MemoryQueueOps:
+    return MemoryQueueOps()
+
+
+@pytest.fixture
+def client(store: RedisStore, ops: MemoryQueueOps) -> TestClient:
+    seed(store, ops)
+    client, dashboard = make_client(store, ops)
+    dashboard.fleet.snapshot()  # back-fill the windows (first read counts nothing as new)
+    return client
+
+
+def test_every_page_renders_its_shell(client):
+    for path, page in [("/", "overview"), ("/tenants", "tenants"), ("/queues", "queues"),
+                       ("/workers", "workers"), ("/predictions", "predictions"),
+                       ("/tasks", "tasks"), ("/tasks/id-1", "task"), ("/stage", "stage")]:
+        response = client.get(path)
+        assert response.status_code == 200, path
+        assert f'data-page="{page}"' in response.text
+        assert "script-src 'self'" in response.headers["content-security-policy"]
+    assert 'id="stage-form"' in client.get("/stage").text
+    assert client.get("/static/dashboard.js").status_code == 200
+
+
+def test_overview_counts_reasons_and_sla(client):
+    data = client.get("/api/overview").json()
+    assert data["stage"]["stage"] == "takeover"  # the policy's, never changed
+    total = data["decisions"]["total"]
+    assert (total["total"], total["routed"], total["fallback"]) == (10, 6, 4)
+    reasons = {r["reason"]: r for r in total["reasons"]}
+    assert reasons["error:KeyError"]["error"] and reasons["routed"]["share"] == 0.6
+    sla = {row["tier"]: row for row in data["sla"]}
+    assert sla["hi"]["n"] == 6 and sla["hi"]["hits"] == 1  # sla_s 1: only the 0.5 s wait
+    assert sla["mid"]["hit_rate"] == 1.0 and sla["lo"]["hit_rate"] is None
+    assert data["workers"] == {"alive": 1, "known": 1}
+    assert data["orphaned_queues"] == ["aitp.globex.cpu.lo"] and data["queued"] == 2
+    assert data["model"]["loaded"] is False and data["events"] == {"tenant_unknown": 2}
+
+
+def test_queues_mark_orphaned_and_default(client):
+    rows = {q["queue"]: q for q in client.get("/api/queues").json()["queues"]}
+    assert rows["default-q"]["kind"] == "default" and rows["default-q"]["depth"] == 1
+    orphan = rows["aitp.globex.cpu.lo"]
+    assert orphan["orphaned"] and orphan["oldest_age_s"] == pytest.approx(42, abs=2)
+    served = rows["aitp.acme.gpu.hi"]
+    assert served["live"] and served["consumers"] == ["gpu1@host"] and not served["orphaned"]
+    assert not rows["aitp.acme.cpu.hi"]["orphaned"]  # empty: nothing stranded
+    assert len(rows) == 1 + 3 * 2 * 3  # default + tenants x accelerators x tiers
+
+
+def test_tenants_shares_and_fairness(client):
+    data = client.get("/api/tenants").json()
+    rows = {t["tenant"]: t for t in data["tenants"]}
+    assert rows["acme"]["runs"] == 6 and rows["globex"]["runs"] == 1
+    assert rows["acme"]["share"] == pytest.approx(2.4 / 3.6)
+    assert rows["acme"]["fair_share"] == pytest.approx(2 / 3)  # weight 2 vs 1, default idle
+    assert rows["default"]["fair_share"] is None
+    assert data["fairness_index"] == pytest.approx(1.0)
+    assert data["priority_entropy_bits"] == pytest.approx(0.5917, abs=1e-3)  # 6 hi, 1 mid
+    assert rows["acme"]["wait"]["hi"]["n"] == 6
+
+
+def test_workers_and_predictions(client):
+    worker = client.get("/api/workers").json()["workers"][0]
+    assert worker["worker"] == "gpu1@host" and worker["accelerator"] == "gpu" and worker["alive"]
+    data = client.get("/api/predictions").json()
+    assert len(data["points"]) == 6 and data["runs_without_prediction"] == 1
+    by_task = {t["task"]: t for t in data["by_task"]}
+    assert by_task[TASKS[0]]["mae_s"] == pytest.approx(0.1)
+
+
+def test_task_explain_and_recent_list(client):
+    recent = client.get("/api/tasks?limit=3").json()["tasks"]
+    assert [t["task_id"] for t in recent] == ["g-1", "id-5", "id-4"]
+    data = client.get("/api/tasks/id-2").json()
+    assert data["found"] and data["decision"]["queue"] == "aitp.acme.gpu.hi"
+    assert [f["name"] for f in data["factors"]] == ["tier", "aging", "fair_share"]
+    assert data["prediction"]["error_s"] == pytest.approx(0.1)
+    assert data["sla"] == {"tier": "hi", "sla_s": 1.0, "met": False}  # waited 2.5 s
+    older = client.get("/api/tasks/g-1").json()
+    assert older["found"] and older["factors"] == [] and older["prediction"]["source"] is None
+    assert client.get("/api/tasks/nope").status_code == 404
+    assert client.get("/api/tasks?limit=x").status_code == 400
+
+
+def _csrf(client: TestClient) -> str:
+    client.get("/stage")
+    return client.cookies["aitp_csrf"]
+
+
+def test_stage_change_writes_the_store_with_an_audit_entry(client, store):
+    token = _csrf(client)
+    body = {"stage": "split", "split": {"percent": 25, "tenants": ["acme"]}}
+    response = client.post("/api/stage", json=body, headers={
+        "X-AITP-CSRF": token, "Origin": "http://testserver"})
+    assert response.status_code == 200, response.text
+    assert store.read_stage() == {"stage": "split", "split": {
+        "percent": 25.0, "tenants": ["acme"], "tasks": [], "tiers": [], "max_uncertainty": None}}
+    assert store.stage_history(1)[0]["who"].startswith("dashboard:anonymous@")
+    assert client.get("/api/overview").json()["stage"]["stage"] == "split"
+
+
+def test_bad_stage_documents_are_refused_with_the_field_named(client, store):
+    token = _csrf(client)
+    for body, message in [({"stage": "warp"}, "stage"),
+                          ({"stage": "split", "split": {"tenants": ["nobody"]}}, "split.tenants"),
+                          ({"stage": "split", "split": {"percent": 120}}, "split.percent"),
+                          ({"stage": "split", "extra": 1}, "extra")]:
+        response = client.post("/api/stage", json=body, headers={"X-AITP-CSRF": token})
+        assert response.status_code == 400 and message in response.json()["error"], body
+    assert store.read_stage() is None
+
+
+def test_cross_site_posts_are_rejected(client, store):
+    token = _csrf(client)
+    body = {"stage": "takeover"}
+    attempts = [
+        {"X-AITP-CSRF": token, "Origin": "http://evil.example"},
+        {"X-AITP-CSRF": token, "Origin": "null"},
+        {"X-AITP-CSRF": token, "Referer": "http://evil.example/page"},
+        {"X-AITP-CSRF": token, "Sec-Fetch-Site": "cross-site"},
+        {"Origin": "http://testserver"},  # no token
+        {"X-AITP-CSRF": "forged", "Origin": "http://testserver"},
+    ]
+    for headers in attempts:
+        assert client.post("/api/stage", json=body, headers=headers).status_code == 403, headers
+    form = client.post("/api/stage", content=b"stage=takeover", headers={
+        "X-AITP-CSRF": token, "Content-Type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 403
+    assert store.read_stage() is None
+
+
+def test_read_only_has_no_write_route_and_no_control(store, ops):
+    client, _ = make_client(store, ops, read_only=True)
+    client.get("/stage")
+    token = client.cookies["aitp_csrf"]
+    assert client.post("/api/stage", json={"stage": "takeover"},
+                       headers={"X-AITP-CSRF": token}).status_code == 405
+    page = client.get("/stage").text
+    assert 'id="stage-form"' not in page and "Read-only mode" in page
+    assert store.read_stage() is None
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_basic_auth_guards_everything_but_the_probes(store, ops):
+    client, _ = make_client(store, ops, basic_auth=(("ann", "s3cret"), ("bob", "pw:2")))
+    for path in ("/", "/api/overview", "/metrics", "/static/dashboard.js"):
+        response = client.get(path)
+        assert response.status_code == 401 and "Basic" in response.headers["www-authenticate"]
+        assert client.get(path, headers=_basic("ann", "wrong")).status_code == 401
+    assert client.get("/api/overview", headers=_basic("ann", "s3cret")).status_code == 200
+    assert client.get("/api/overview", headers=_basic("bob", "pw:2")).status_code == 200
+    assert client.get("/api/overview", headers={"Authorization": "Basic !!"}).status_code == 401
+    assert client.get("/healthz").json()["status"] == "ok"
+    assert client.get("/readyz").status_code == 200
+    client.get("/stage", headers=_basic("bob", "pw:2"))
+    token = client.cookies["aitp_csrf"]
+    client.post("/api/stage", json={"stage": "takeover"},
+                headers={**_basic("bob", "pw:2"), "X-AITP-CSRF": token})
+    assert store.stage_history(1)[0]["who"].startswith("dashboard:bob@")
+
+
+def test_url_prefix(store, ops):
+    client, _ = make_client(store, ops, url_prefix="/ops/aitp")
+    page = client.get("/ops/aitp/queues")
+    assert page.status_code == 200 and 'data-prefix="/ops/aitp"' in page.text
+    assert '/ops/aitp/static/dashboard.js' in page.text
+    assert client.get("/ops/aitp/api/queues").status_code == 200
+    assert client.get("/ops/aitp/healthz").status_code == 200
+    assert client.get("/api/queues").status_code == 404
+
+
+def test_readyz_reports_each_check_and_fails_without_the_store(store, ops):
+    client, _ = make_client(store, ops)
+    body = client.get("/readyz").json()
+    assert body["status"] == "ready"
+    assert body["checks"]["model"] == {"ok": True, "state": "cold_start"}
+    store.client.hset(store.keys.model, "p50", "tree\n" * 50_000)  # a hash without a version
+    assert client.get("/readyz").json()["checks"]["model"]["state"] == "invalid"
+    assert client.get("/readyz").status_code == 503
+    meta = {"version": "v7", "trained_at": time.time() - 60, "records": 1200}
+    store.client.hset(store.keys.model, mapping={"version": "v7", "meta": json.dumps(meta)})
+    assert client.get("/readyz").json()["checks"]["model"] == {
+        "ok": True, "state": "loaded", "version": "v7"}
+    model = client.get("/api/overview").json()["model"]
+    assert model["age_s"] == pytest.approx(60, abs=5) and model["meta"]["records"] == 1200
+    down = RedisStore(fakeredis.FakeRedis(server=fakeredis.FakeServer()), Keys("down"))
+    down.client.connection_pool.connection_kwargs["server"].connected = False
+    dead, _ = make_client(down, ops)
+    response = dead.get("/readyz")
+    assert response.status_code == 503 and response.json()["checks"]["store"]["ok"] is False
+    assert dead.get("/api/overview").json()["health"]["store_ok"] is False
+    assert dead.get("/healthz").status_code == 200
+
+
+def test_metrics_parse_and_hold_every_family(client, store):
+    new_run = {"task": TASKS[0], "tenant": "acme", "tier": "hi", "wait_s": 3.0,
+               "runtime_s": 0.2, "predicted_runtime_s": 0.3, "outcome": "SUCCESS"}
+    store.append_records(store.keys.observations, [new_run], maxlen=1000)
+    store.client.hset(store.keys.model, mapping={"version": "v7", "trained_at": time.time() - 60})
+    text = client.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name, (kind, labels, _) in METRICS.items():
+        base = name.removesuffix("_total") if kind == "counter" else name
+        assert base in families, name
+        for sample in families[base].samples:
+            assert set(sample.labels) - {"le"} == set(labels), (name, sample)
+    decisions = {tuple(sorted(s.labels.items())): s.value
+                 for s in families["aitp_decisions"].samples}
+    assert sum(decisions.values()) == 10
+    error = [k for k in decisions if ("reason", "error:KeyError") in k][0]
+    assert ("tenant", "none") in error and ("outcome", "fallback") in error
+    depth = {s.labels["queue"]: s.value for s in families["aitp_queue_depth"].samples}
+    assert depth["aitp.globex.cpu.lo"] == 1
+    orphaned = {s.labels["queue"]: s.value for s in families["aitp_queue_orphaned"].samples}
+    assert orphaned["aitp.globex.cpu.lo"] == 1 and orphaned["aitp.acme.gpu.hi"] == 0
+    # only the run appended after the first read is cumulative (back-filled ones are not)
+    waits = [s for s in families["aitp_queue_wait_seconds"].samples if s.name.endswith("_count")]
+    assert [(s.labels["tenant"], s.labels["tier"], s.value) for s in waits] == [("acme", "hi", 1)]
+    misses = {(s.labels["tenant"], s.labels["tier"]): s.value
+              for s in families["aitp_sla_misses"].samples}
+    assert misses == {("acme", "hi"): 1}
+    assert families["aitp_model_info"].samples[0].labels == {"version": "v7"}
+    stage = {s.labels["stage"]: s.value for s in families["aitp_stage"].samples}
+    assert stage == {"coexistence": 0, "split": 0, "takeover": 1}
+    task_labels = {s.labels["task"] for s in families["aitp_prediction_error_seconds"].samples}
+    assert task_labels <= set(TASKS) | {"other"}
+
+
+def test_a_failing_broker_adapter_leaves_the_rest_of_the_pages_working(store):
+    def broken() -> Any:
+        raise RuntimeError("broker adapter exploded")
+
+    policy = parse_policy(TEST_POLICY)
+    fleet = Fleet(store, policy, "default-q", broken, worker_ttl_s=10.0, refresh_s=0.0)
+    client = TestClient(create_app(Dashboard(DashboardConfig(), fleet, worker_ttl_s=10.0)))
+    data = client.get("/api/queues").json()
+    assert data["health"]["broker_ok"] is False and "exploded" in data["health"]["broker_error"]
+    assert all(q["depth"] is None for q in data["queues"])
+    assert client.get("/api/overview").status_code == 200
+    assert client.get("/metrics").status_code == 200
+    assert client.get("/readyz").json()["checks"]["broker"]["ok"] is False

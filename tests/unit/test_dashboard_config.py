@@ -1,0 +1,73 @@
+"""Dashboard options: Flower's names, AITP_DASHBOARD_* environment, safe exposure."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_aitp.dashboard.config import (
+    DEFAULT_PORT,
+    is_loopback,
+    normalise_prefix,
+    parse_credentials,
+    resolve_config,
+)
+from celery_aitp.errors import PolicyError
+
+
+def test_defaults_listen_on_loopback_only():
+    config = resolve_config({})
+    assert (config.port, config.address, config.read_only) == (DEFAULT_PORT, "127.0.0.1", False)
+    assert config.basic_auth == () and config.url_prefix == ""
+    config.check_exposure()  # loopback without auth is fine
+
+
+def test_environment_is_read_and_flags_win():
+    env = {"AITP_DASHBOARD_PORT": "7000", "AITP_DASHBOARD_ADDRESS": "0.0.0.0",
+           "AITP_DASHBOARD_BASIC_AUTH": "ann:pw1,bob:p:w:2",
+           "AITP_DASHBOARD_URL_PREFIX": "/ops/aitp/", "AITP_DASHBOARD_READ_ONLY": "yes"}
+    config = resolve_config(env)
+    assert config.port == 7000 and config.address == "0.0.0.0"
+    assert config.basic_auth == (("ann", "pw1"), ("bob", "p:w:2"))  # password may hold ':'
+    assert config.url_prefix == "/ops/aitp" and config.read_only is True
+    config.check_exposure()  # authenticated: allowed
+    flagged = resolve_config(env, port=7001, basic_auth=("cid:x",), read_only=False)
+    assert flagged.port == 7001 and flagged.basic_auth == (("cid", "x"),)
+    assert flagged.read_only is False
+
+
+def test_non_loopback_without_auth_is_refused_with_the_fix_named():
+    for address in ("0.0.0.0", "::", "192.0.2.7", "example.org"):
+        with pytest.raises(PolicyError, match="--basic-auth"):
+            resolve_config({}, address=address).check_exposure()
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"])
+def test_loopback_addresses(address):
+    assert is_loopback(address)
+
+
+@pytest.mark.parametrize("bad", ["nopassword", ":pw", "user:", ""])
+def test_bad_credentials_are_named(bad):
+    if bad == "":
+        assert parse_credentials([bad]) == ()
+        return
+    with pytest.raises(PolicyError, match="user:password"):
+        parse_credentials([bad])
+
+
+def test_bad_values_are_named():
+    with pytest.raises(PolicyError, match="--port"):
+        resolve_config({"AITP_DASHBOARD_PORT": "eighty"})
+    with pytest.raises(PolicyError, match="READ_ONLY"):
+        resolve_config({"AITP_DASHBOARD_READ_ONLY": "maybe"})
+    with pytest.raises(PolicyError, match="--url-prefix"):
+        normalise_prefix("a b")
+    assert normalise_prefix("/") == "" and normalise_prefix("x/y/") == "/x/y"
+
+
+def test_the_server_itself_refuses_an_unauthenticated_public_address():
+    from celery_aitp.dashboard.config import DashboardConfig
+    from celery_aitp.dashboard.server import make_server
+
+    with pytest.raises(PolicyError, match="non-loopback"):
+        make_server(object(), DashboardConfig(address="0.0.0.0"))

@@ -1,0 +1,77 @@
+"""``celery aitp explain``: the indexed decision log and the breakdown it prints."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from celery_aitp.cli.celery_command import aitp
+from celery_aitp.explain import explain, policy_for, tier_story
+from celery_aitp.policy import Policy, parse_policy
+from celery_aitp.policy_history import policy_digest
+from celery_aitp.store.decision_log import DecisionLog
+from tests.unit.conftest import make_live
+
+
+def run(app, *args):
+    return CliRunner().invoke(aitp, list(args), obj=type("Ctx", (), {"app": app})())
+
+
+def test_the_index_finds_the_latest_decision_and_never_outgrows_the_stream(store):
+    log = DecisionLog(store, maxlen=1000)
+    log.append([{"task_id": f"t{i}", "n": i} for i in range(2500)])
+    log.append([{"task_id": "t2400", "n": "retry"}, {"task_id": None, "n": "anonymous"}])
+    assert log.find("t2400") == {"task_id": "t2400", "n": "retry"}
+    assert log.find("t1999") == {"task_id": "t1999", "n": 1999}
+    assert log.find("t5") is None  # trimmed with the stream
+    assert log.size() <= 1000
+    assert store.client.llen(log.order) == 1000
+    assert store.client.xlen(log.stream) >= 1000  # approximate trimming keeps at least maxlen
+
+
+def test_explain_matches_the_route_the_task_was_given(app, store, published):
+    make_live(store, "aitp.acme.gpu.mid", "aitp.acme.cpu.lo")
+    app.aitp.live.refresh()
+    gpu = app.tasks["tests.unit.conftest.gpu"].apply_async((1,), headers={"aitp_tenant": "acme"})
+    plain = app.tasks["tests.unit.conftest.plain"].apply_async(
+        (1,), headers={"aitp_tenant": "globex"})
+    app.aitp.live.flush()
+    result = run(app, "explain", gpu.id, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["route"]["queue"] == published[0]["routing_key"] == "aitp.acme.gpu.mid"
+    assert data["route"]["routed"] is True and data["tier"] == "mid"
+    assert [r["factor"] for r in data["factors"]] == ["tenant", "sla", "impact", "resources",
+                                                      "runtime", "age"]
+    weights = app.aitp.policy.priority.weights
+    assert data["factors"][0]["weight"] == weights.tenant
+    total = sum(r["contribution"] for r in data["factors"])
+    assert abs(total - data["score"]) < 1e-9  # the contributions add up to the score
+    assert data["profile"]["accelerator"] == "gpu" and data["note"] is None
+    text = run(app, "explain", plain.id)
+    assert text.exit_code == 0, text.output
+    assert "Celery's own route (default queue default-q)" in text.output
+    assert "no_live_worker" in text.output and "tenant cap mid" in text.output
+    missing = run(app, "explain", "no-such-task")
+    assert missing.exit_code == 1 and "no decision recorded" in missing.output
+
+
+def test_weights_come_from_the_policy_that_decided():
+    old = parse_policy({"priority": {"weights": {"age": 9}}})
+    active = Policy()
+    record = {"policy": policy_digest(old), "factors": {"age": 1.0}, "routed": False}
+    history = [{"digest": policy_digest(old), "policy": old.model_dump(mode="json")}]
+    policy, note = policy_for(record, active, policy_digest(active), history)
+    assert policy.priority.weights.age == 9 and note is None
+    policy, note = policy_for(record, active, policy_digest(active), [])
+    assert policy is active and "not in the policy history" in note
+    data = explain(record, policy, note)
+    assert data["factors"][-1]["weight"] == active.priority.weights.age
+
+
+def test_tier_story_reads_like_the_steps():
+    steps = {"score": "lo", "floor": "mid", "cap": "hi", "fair_share": True}
+    assert tier_story(steps, "lo") == ("score -> lo; declared floor mid; tenant cap hi; "
+                                      "above fair share: one tier lower => lo")
+    assert tier_story(None, "hi") == "tier hi"

@@ -1,0 +1,139 @@
+"""Weighted tier order: shares, no saved-up credit, the documented bound, kombu loading."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter, deque
+
+import pytest
+from kombu.utils.scheduling import cycle_by_name
+
+from celery_aitp.policy import parse_policy
+from celery_aitp.worker import tier_cycle
+from celery_aitp.worker.tier_cycle import (
+    STRATEGY,
+    WeightedTierCycle,
+    longest_wait_s,
+    queue_weights,
+)
+
+Q = ["aitp.a.cpu.hi", "aitp.a.cpu.mid", "aitp.a.cpu.lo"]
+WEIGHTS = {"aitp.a.cpu.hi": 64.0, "aitp.a.cpu.mid": 8.0, "aitp.a.cpu.lo": 1.0}
+
+
+@pytest.fixture(autouse=True)
+def weights():
+    tier_cycle.configure(WEIGHTS, 1.0)
+    yield
+    tier_cycle.configure({}, 1.0)
+
+
+def brpop(cycle: WeightedTierCycle, queues: dict[str, deque]) -> str | None:
+    """What kombu's Redis BRPOP does: the first non-empty queue in the cycle's order."""
+    for name in cycle.consume(len(cycle.items)):
+        if queues[name]:
+            queues[name].popleft()
+            cycle.rotate(name)
+            return name
+    return None
+
+
+def test_kombu_loads_the_strategy_by_its_dotted_name():
+    cycle = cycle_by_name(STRATEGY)()
+    cycle.update(Q)
+    assert cycle.consume(3) == Q  # equal passes: heaviest (highest tier) first
+
+
+def test_backlogged_tiers_share_reads_by_weight():
+    cycle = WeightedTierCycle(Q)
+    queues = {q: deque(range(10_000)) for q in Q}
+    served = Counter(brpop(cycle, queues) for _ in range(7300))
+    assert served == {"aitp.a.cpu.hi": 6400, "aitp.a.cpu.mid": 800, "aitp.a.cpu.lo": 100}
+
+
+def test_an_empty_high_tier_costs_nothing_and_a_new_arrival_goes_first():
+    cycle = WeightedTierCycle(Q)
+    queues = {q: deque() for q in Q}
+    queues["aitp.a.cpu.lo"].extend(range(100))
+    assert [brpop(cycle, queues) for _ in range(50)] == ["aitp.a.cpu.lo"] * 50
+    queues["aitp.a.cpu.hi"].append("urgent")
+    assert brpop(cycle, queues) == "aitp.a.cpu.hi"
+
+
+def test_an_idle_queue_cannot_save_up_credit_and_burst():
+    cycle = WeightedTierCycle(Q)
+    queues = {q: deque() for q in Q}
+    queues["aitp.a.cpu.hi"].extend(range(10_000))
+    for _ in range(5000):
+        brpop(cycle, queues)  # lo idle all along
+    queues["aitp.a.cpu.lo"].extend(range(100))
+    first = [brpop(cycle, queues) for _ in range(130)]
+    # lo gets its share from now on, not 5000 / 64 reads in a row
+    assert first.count("aitp.a.cpu.lo") <= 3
+
+
+def test_the_documented_gap_bound_holds_under_random_arrivals():
+    rng = random.Random(3)
+    cycle = WeightedTierCycle(Q)
+    queues = {q: deque() for q in Q}
+    gap_bound = math.ceil(sum(WEIGHTS.values()) / WEIGHTS["aitp.a.cpu.lo"]) + 2 * len(Q)
+    since_lo = 0
+    for _ in range(20_000):
+        for q, rate in zip(Q, (0.95, 0.3, 0.02), strict=True):
+            if rng.random() < rate:
+                queues[q].append(1)
+        lo_waiting = bool(queues["aitp.a.cpu.lo"])
+        served = brpop(cycle, queues)
+        if served == "aitp.a.cpu.lo" or not lo_waiting:
+            since_lo = 0
+        else:
+            since_lo += 1
+            assert since_lo <= gap_bound
+
+
+def test_new_queues_start_at_the_current_minimum_and_passes_stay_small():
+    cycle = WeightedTierCycle(Q[:1])
+    queues = {q: deque(range(10)) for q in Q}
+    for _ in range(5):
+        brpop(cycle, queues)
+    cycle.update(Q)
+    assert cycle.passes["aitp.a.cpu.lo"] == min(cycle.passes.values())
+    cycle.passes = {q: 2e6 for q in Q}
+    cycle.rotate("aitp.a.cpu.hi")
+    assert max(cycle.passes.values()) < 1  # renormalised
+    assert cycle.rotate("not-consumed") == "not-consumed"
+
+
+def test_queue_weights_are_tier_weight_times_tenant_weight():
+    policy = parse_policy({"tenants": {"a": {"weight": 2}, "b": {}, "default": {}}})
+    names = ["aitp.a.cpu.hi", "aitp.b.cpu.hi", "aitp.b.cpu.lo", "celery"]
+    weights, default = queue_weights(policy, names)
+    assert weights == {"aitp.a.cpu.hi": 128.0, "aitp.b.cpu.hi": 64.0, "aitp.b.cpu.lo": 1.0}
+    assert default == 1.0
+    explicit = parse_policy({"tiers": [{"name": "hi", "sla_s": 1, "weight": 3},
+                                       {"name": "lo", "sla_s": 9, "weight": 1}]})
+    assert explicit.tier_weights() == {"hi": 3, "lo": 1}
+
+
+def test_a_demoted_tenant_is_read_one_tier_lower_until_it_is_back_under():
+    policy = parse_policy({"tenants": {"a": {}, "b": {}, "default": {}}})
+    names = ["aitp.a.cpu.mid", "aitp.b.cpu.mid", "aitp.a.cpu.lo", "aitp.b.cpu.lo"]
+    tier_cycle.configure(tier_cycle.WeightPlan(policy, names))
+    cycle = WeightedTierCycle(names)
+    queues = {q: deque(range(1000)) for q in names}
+    even = Counter(brpop(cycle, queues) for _ in range(180))
+    assert even["aitp.a.cpu.mid"] == even["aitp.b.cpu.mid"] == 80
+    view = type("V", (), {"sources": {"usage": type("U", (), {"demoted": frozenset({"a"})})}})
+    tier_cycle.follow_usage(view)
+    assert tier_cycle.weight_of("aitp.a.cpu.mid") == 1.0  # lo's weight
+    assert tier_cycle.weight_of("aitp.a.cpu.lo") == 1.0 / 8  # below the lowest tier
+    demoted = Counter(brpop(cycle, queues) for _ in range(1018))
+    assert demoted["aitp.b.cpu.mid"] >= 8 * demoted["aitp.a.cpu.mid"] - 8
+    tier_cycle.set_demoted(frozenset())
+    assert tier_cycle.weight_of("aitp.a.cpu.mid") == 8.0
+
+
+def test_longest_wait_formula():
+    # lo: W / w = 73, m = 3 -> gap 79; one message ahead -> 2 * 80 reads; 2 processes, 1 s
+    assert longest_wait_s(WEIGHTS, "aitp.a.cpu.lo", 1, 2, 1.0) == (math.ceil(160 / 2) + 1) * 1.0
