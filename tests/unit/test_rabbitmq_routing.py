@@ -139,3 +139,22 @@ def test_a_worker_refuses_to_start_on_rabbitmq_without_a_store_url():
     worker = SimpleNamespace(app=app, hostname="w@test")
     with pytest.raises(PolicyError, match="aitp_store_url"):
         AitpWorkerStep(worker, aitp_tenant=("acme",))
+
+
+def test_dashboard_shows_one_row_per_rabbitmq_queue_with_its_depth(store):
+    from celery_aitp.dashboard.fleet import Fleet
+    from celery_aitp.layout import PerTenantLayout
+    from celery_aitp.policy import parse_policy
+
+    policy = parse_policy(TEST_POLICY)
+    ops = MemoryQueueOps()
+    ops.queues["aitp.acme.cpu"].extend([(0.0, "m")] * 3)
+    make_live(store, "aitp.acme.cpu.hi")
+    fleet = Fleet(store, policy, "default-q", lambda: ops, worker_ttl_s=60.0, refresh_s=0.0,
+                  layout=PerTenantLayout(policy.tier_names))
+    rows = {row["queue"]: row for row in fleet.snapshot().queues}
+    assert "aitp.acme.cpu.hi" not in rows and "default-q" in rows
+    acme = rows["aitp.acme.cpu"]
+    assert acme["depth"] == 3 and acme["tier"] is None and acme["tenant"] == "acme"
+    assert acme["live"] is True and acme["orphaned"] is False
+    assert rows["aitp.globex.gpu"]["live"] is False
