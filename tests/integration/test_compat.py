@@ -178,6 +178,9 @@ def set_stage(env: Env, stage: str, timeout: float = 15) -> None:
     mw = env.app.aitp
     mw.store.write_stage({"stage": stage, "split": {"percent": 50}}, who="compat-suite")
     mw.live.refresh()
+    # every process refreshes every 0.5 s: after two periods all have read the new stage
+    # (a probe alone may miss a pool process that ran none of its steps)
+    time.sleep(1.2)
     deadline = time.monotonic() + timeout
     trace = env.task("trace")
     while time.monotonic() < deadline:

@@ -129,6 +129,7 @@ def transport(broker: str, **options: Any) -> dict[str, str]:
 def test_sigkill_a_worker_mid_task(deploy, broker):
     d = deploy(broker, **transport(broker, **FAST_RESTORE))
     victim = d.aitp_worker("victim")
+    d.worker("plain")  # the default queue always has a consumer, as in production
     d.wait_live()
     ledger = d.ledger()
     send = d.sender(ledger, 0.3)
@@ -145,7 +146,7 @@ def test_sigkill_a_worker_mid_task(deploy, broker):
     back = (ledger.finished_at(in_flight) or float("nan")) - killed
     row = ledger.result("SIGKILL worker mid-task (acks_late)", broker,
                         f"killed run finished {back:.1f}s after the kill; all done "
-                        f"{time.time() - killed:.1f}s after")
+                        f"{time.time() - killed:.1f}s after; runs {dict(ledger.workers())}")
     assert row.lost == 0 and row.refused == 0
     assert row.duplicated <= 1  # only a run killed after finishing, before its ack
 

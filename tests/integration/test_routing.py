@@ -88,3 +88,32 @@ def test_killed_worker_queue_is_evacuated_to_the_plain_worker(proj, start_worker
     assert all(r.get(timeout=30)["queue"] == proj.app.conf.task_default_queue for r in later)
     if broker == "rabbitmq":  # the broker requeued the unacknowledged run at once
         assert blocker.get(timeout=30)["x"] == 0
+
+
+def test_celery_aitp_evacuate_drains_an_orphaned_tier_queue(proj, start_worker, broker):
+    """``celery -A proj aitp evacuate``: tasks routed to a worker that vanished run on a plain
+    worker, once each."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.workers import ROOT
+
+    store = proj.app.aitp.store
+    store.advertise("ghost@test", ["aitp.acme.cpu.lo", "aitp.acme.cpu.hi"], {}, ttl_s=60)
+    proj.app.aitp.live.refresh()
+    headers = {"aitp_tenant": "acme"}
+    queued = [proj.where.apply_async((i,), headers=headers) for i in range(6)]
+    queued.append(proj.where_hi.apply_async((6,), headers=headers))
+    store.withdraw("ghost@test")  # its advertisement is gone: the queue is orphaned
+    evacuate = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.apps.proj", "aitp", "evacuate"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=str(ROOT), capture_output=True,
+        text=True, timeout=60)
+    assert evacuate.returncode == 0, evacuate.stderr
+    assert f"moved 7 message(s) to {proj.app.conf.task_default_queue}" in evacuate.stdout
+    start_worker("plain")
+    results = [r.get(timeout=30) for r in queued]
+    assert sorted(r["x"] for r in results) == list(range(7))
+    assert all(r["queue"] == proj.app.conf.task_default_queue for r in results)
+    assert all(r["aitp"]["routed"] is True for r in results)  # they had been routed
