@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
-from celery._state import get_current_worker_task
 from kombu import Queue
 
 from celery_aitp.errors import PolicyError
@@ -31,6 +30,7 @@ from celery_aitp.settings import Settings, resolve_settings
 from celery_aitp.store import Keys, RedisStore, connect
 from celery_aitp.store.decision_log import DecisionLog
 from celery_aitp.telemetry.counters import Counters
+from celery_aitp.worker.running import current_tenant
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ class Middleware:
             name, str(msg_headers.get("id", "")), args, kwargs,
             headers if isinstance(headers, Mapping) else {},
             self.declared(name), explicit, now, msg_headers.get("retries") or 0,
-            _running_tenant(),
+            current_tenant(),
         )
         view = self.live.current()
         decision = self.pipeline.decide(request, view, now)
@@ -297,16 +297,6 @@ def transport_driver(app: Any) -> str:
         return str(conn.transport.driver_type)
     finally:
         conn.release()
-
-
-def _running_tenant() -> str | None:
-    """The tenant in the ``aitp`` header of the task this worker thread is running."""
-    task = get_current_worker_task()
-    if task is None:
-        return None
-    header = getattr(task.request, "aitp", None)
-    tenant = header.get("tenant") if isinstance(header, Mapping) else None
-    return tenant if isinstance(tenant, str) else None
 
 
 def _drop_destination(options: dict[str, Any]) -> None:

@@ -197,6 +197,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
 
 def register_worker_extensions(app: Any) -> None:
     """Add the flags, the bootstep and the run observer to ``app`` (idempotent)."""
+    from celery_aitp.worker import running
     from celery_aitp.worker.observe import connect_observer
 
     options = app.user_options["worker"]
@@ -205,3 +206,4 @@ def register_worker_extensions(app: Any) -> None:
             options.add(option)
     app.steps["worker"].add(AitpWorkerStep)
     connect_observer(app)
+    running.connect(app)

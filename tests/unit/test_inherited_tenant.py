@@ -7,25 +7,27 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery._state import _task_stack
+from celery import signals
 
 from tests.unit.conftest import make_live
 
 
 @pytest.fixture
 def running(app: Any) -> Iterator[Any]:
-    """Pretend the worker is running a task whose aitp header says ``tenant``."""
+    """Pretend this thread runs a task whose ``aitp`` header is ``header``: Celery's
+    ``task_prerun`` signal, as the worker sends it (``task_postrun`` at the end)."""
     task = app.tasks["tests.unit.conftest.plain"]
     pushed: list[Any] = []
 
     def run_as(header: Any) -> None:
         task.push_request(aitp=header, called_directly=False)
-        _task_stack.push(task)
+        signals.task_prerun.send(sender=task, task_id="parent", task=task, args=(), kwargs={})
         pushed.append(task)
 
     yield run_as
     for task in pushed:
-        _task_stack.pop()
+        signals.task_postrun.send(sender=task, task_id="parent", task=task, args=(), kwargs={},
+                                  retval=None, state="SUCCESS")
         task.pop_request()
 
 
@@ -75,4 +77,13 @@ def test_a_missing_or_bad_running_header_gives_the_default_tenant(app, store, ru
 
 def test_outside_a_worker_task_nothing_is_inherited(app, store):
     make_live(store)
+    assert publish(app)["tenant"] == "default"
+
+
+def test_after_the_task_ends_nothing_is_inherited(app, store, running):
+    make_live(store, "aitp.acme.cpu.hi")
+    running({"tenant": "acme"})
+    task = app.tasks["tests.unit.conftest.plain"]
+    signals.task_postrun.send(sender=task, task_id="parent", task=task, args=(), kwargs={},
+                              retval=None, state="SUCCESS")
     assert publish(app)["tenant"] == "default"
