@@ -28,8 +28,8 @@ from celery_aitp.queues import PREFIX, parse_tier_queue, tier_queue_name
 #: ``x-max-priority`` of RabbitMQ tier queues; a policy has at most 10 tiers.
 AMQP_MAX_PRIORITY = 10
 
-#: Transport driver types that order queues themselves (kombu virtual transports).
-PER_TIER_DRIVERS = frozenset({"redis", "memory"})
+#: Transport driver types of RabbitMQ (kombu's ``pyamqp`` and ``librabbitmq``).
+AMQP_DRIVERS = frozenset({"amqp"})
 
 
 def _queue(name: str, arguments: dict[str, Any] | None = None) -> Queue:
@@ -90,9 +90,9 @@ Layout = PerTierLayout | PerTenantLayout
 
 def layout_for(driver_type: str, tier_names: Sequence[str]) -> Layout:
     """The layout for a kombu transport driver type ('redis', 'amqp', 'memory', ...)."""
-    if driver_type in PER_TIER_DRIVERS:
-        return PerTierLayout()
-    return PerTenantLayout(tier_names)
+    if driver_type in AMQP_DRIVERS:
+        return PerTenantLayout(tier_names)
+    return PerTierLayout()
 
 
 def physical_groups(layout: Layout, logical: Iterable[str]) -> dict[str, list[str]]:

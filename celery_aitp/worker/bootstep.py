@@ -107,15 +107,30 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         app = worker.app
         self.middleware = app.aitp
         policy = self.middleware.policy  # raises PolicyError: the worker refuses to start
-        store_url_for(self.middleware.settings, app.conf.broker_url)  # e.g. RabbitMQ, no store
         self.plan = WorkerPlan(policy, aitp_tenant, aitp_accelerator, aitp_tiers,
                                aitp_no_default_queue)
+        self.store_configured = self._check_store(app)
         self.hostname = worker.hostname
         self._follow_usage = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         if self.plan.enabled:
             self._consume_tiers(worker, aitp_strict)
+
+    def _check_store(self, app: Any) -> bool:
+        """Whether a store URL is known (RabbitMQ needs an explicit one).
+
+        A flagged worker cannot work without it and refuses to start; a standard worker
+        keeps running the default queue, without the janitor, and says why.
+        """
+        try:
+            store_url_for(self.middleware.settings, app.conf.broker_url)
+        except PolicyError as exc:
+            if self.plan.enabled:
+                raise
+            logger.error("aitp: %s; this worker runs without the janitor", exc)
+            return False
+        return True
 
     def _consume_tiers(self, worker: Any, strict: bool) -> None:
         app = worker.app
@@ -154,6 +169,8 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         from celery_aitp.worker.janitor import Janitor
 
         self._stop.clear()
+        if not self.store_configured:
+            return
         try:  # this process's counters (e.g. 'evacuated') are shipped by its live view
             self.middleware.live.current()
         except Exception as exc:  # a store outage must not stop the worker

@@ -20,6 +20,7 @@ def test_redis_keeps_one_broker_queue_per_tier_and_one_priority():
     assert layout.physical("aitp.acme.cpu.hi") == "aitp.acme.cpu.hi"
     assert layout.priority("aitp.acme.cpu.hi") == layout.priority("aitp.acme.cpu.lo") == 0
     assert isinstance(layout_for("memory", ["hi"]), PerTierLayout)
+    assert isinstance(layout_for("sqs", ["hi"]), PerTierLayout)  # only RabbitMQ differs
 
 
 def test_rabbitmq_puts_every_tier_of_a_tenant_and_accelerator_in_one_priority_queue():

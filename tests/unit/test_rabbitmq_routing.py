@@ -133,12 +133,24 @@ def test_rabbitmq_without_a_store_url_falls_back_and_is_reported_once(caplog):
     assert mw.counters.totals["decisions:unknown::::config_error"] == 2
 
 
-def test_a_worker_refuses_to_start_on_rabbitmq_without_a_store_url():
+def test_a_tier_worker_refuses_to_start_on_rabbitmq_without_a_store_url():
     app = Celery("nostore", broker="amqp://guest:guest@127.0.0.1:1//")
     celery_aitp.install(app, policy=TEST_POLICY)
     worker = SimpleNamespace(app=app, hostname="w@test")
     with pytest.raises(PolicyError, match="aitp_store_url"):
         AitpWorkerStep(worker, aitp_tenant=("acme",))
+
+
+def test_a_standard_worker_keeps_running_without_a_store_url(caplog):
+    app = Celery("nostore", broker="amqp://guest:guest@127.0.0.1:1//")
+    celery_aitp.install(app, policy=TEST_POLICY)
+    worker = SimpleNamespace(app=app, hostname="w@test")
+    with caplog.at_level("ERROR", logger="celery_aitp.worker.bootstep"):
+        step = AitpWorkerStep(worker)
+        step.start(worker)  # no janitor, no live view: nothing to connect to
+    assert step.store_configured is False and step._threads == []
+    assert "aitp_store_url" in caplog.text and "without the janitor" in caplog.text
+    step.stop(worker)
 
 
 def test_dashboard_shows_one_row_per_rabbitmq_queue_with_its_depth(store):
