@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_aitp.errors import AdapterError, AitpError, ModelError, PolicyError, StoreError
+from celery_aitp.errors import (
+    AdapterError,
+    AitpError,
+    ModelError,
+    PolicyError,
+    StageConflict,
+    StoreError,
+)
 from celery_aitp.middleware import Middleware
 from celery_aitp.policy import Policy, Stage, load_policy
 from celery_aitp.settings import Settings
@@ -26,6 +33,7 @@ __all__ = [
     "PolicyError",
     "Settings",
     "Stage",
+    "StageConflict",
     "StoreError",
     "install",
     "load_policy",

@@ -3,6 +3,7 @@
     AitpError
      +-- PolicyError      invalid policy or settings (raised at start-up, never on publish)
      +-- StoreError       the shared store cannot be reached or holds bad data
+     +-- StageConflict    the stage changed under a compare-and-set write (the guard)
      +-- AdapterError     a broker or platform adapter failed (translated at the edge)
      +-- ModelError       a model file is corrupt or incompatible
 
@@ -22,6 +23,10 @@ class PolicyError(AitpError):
 
 class StoreError(AitpError):
     """The shared store is unreachable or returned something malformed."""
+
+
+class StageConflict(AitpError):
+    """Someone else changed the stage since it was read; nothing was written."""
 
 
 class AdapterError(AitpError):

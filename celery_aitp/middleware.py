@@ -25,10 +25,12 @@ from celery_aitp.publish.hook import AUTO_ROUTE
 from celery_aitp.publish.live_view import LiveView
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.publish.request import Decision, Request
+from celery_aitp.publish.stages import GATED_REASONS
 from celery_aitp.queues import parse_tier_queue
 from celery_aitp.settings import Settings, resolve_settings
 from celery_aitp.store import Keys, RedisStore, connect
 from celery_aitp.store.decision_log import DecisionLog
+from celery_aitp.telemetry.buffer import RecordBuffer
 from celery_aitp.telemetry.counters import Counters
 from celery_aitp.worker.running import current_tenant
 
@@ -38,6 +40,8 @@ logger = logging.getLogger(__name__)
 DECLARABLE = frozenset(
     {"accelerator", "tier", "memory_mb", "cpu", "labels", "runtime_hint_s", "impact"}
 )
+#: Explicit tier-queue publishes that go to the default queue instead.
+_TO_DEFAULT = frozenset({"explicit_queue_dead", "explicit_queue_standard"})
 _REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "socket://", "unix://")
 
 
@@ -223,37 +227,63 @@ class Middleware:
     def _decide(self, name: str, message: Any, options: dict[str, Any], auto: bool,
                 now: float) -> Decision:
         layout = self.layout  # resolved once; a failure here is a decision failure
-        headers = options.get("headers") or {}
-        msg_headers = message.headers if isinstance(message.headers, dict) else {}
+        headers = options.get("headers")
+        if type(headers) is not dict:
+            headers = headers if isinstance(headers, Mapping) else {}
+        msg_headers = message.headers
+        if type(msg_headers) is not dict:
+            msg_headers = {}
         body = message.body
-        if isinstance(body, tuple) and len(body) >= 2:
+        if type(body) is tuple and len(body) >= 2:
             args, kwargs = body[0], body[1]
         else:
             args, kwargs = (), {}
+        argsrepr = msg_headers.get("argsrepr")
+        kwargsrepr = msg_headers.get("kwargsrepr")
+        declared = self._declared.get(name)
+        task_id = msg_headers.get("id")
         explicit = None if auto else _queue_name(options.get("queue"))
         request = Request(
-            name, str(msg_headers.get("id", "")), args, kwargs,
-            headers if isinstance(headers, Mapping) else {},
-            self.declared(name), explicit, now, msg_headers.get("retries") or 0,
+            name, task_id if type(task_id) is str else str(task_id or ""), args, kwargs, headers,
+            self.declared(name) if declared is None else declared, explicit, now,
+            msg_headers.get("retries") or 0, _root_id(msg_headers.get("root_id")),
+            len(argsrepr) if type(argsrepr) is str else None,
+            len(kwargsrepr) if type(kwargsrepr) is str else None,
             current_tenant(),
         )
         view = self.live.current()
         decision = self.pipeline.decide(request, view, now)
         if not auto:
+            gated = decision.reason in GATED_REASONS
             decision.fall_back("explicit_queue")
-            if explicit and self._is_tier_destination(explicit) and not self.physical_is_live(
-                    layout.physical(explicit), view.live_queues):
-                decision.reason = "explicit_queue_dead"
+            if explicit and self._is_tier_destination(explicit):
+                # A tier queue named explicitly is almost always a retry staying put.
+                if not self.physical_is_live(layout.physical(explicit), view.live_queues):
+                    decision.reason = "explicit_queue_dead"
+                elif gated:  # the stage does not route this task now (rolled back, or
+                    decision.reason = "explicit_queue_standard"  # the other arm)
         return decision
 
     def _is_tier_destination(self, name: str) -> bool:
         return parse_tier_queue(name) is not None or self.layout.is_tier_destination(name)
 
+    @cached_property
+    def _decision_records(self) -> RecordBuffer:
+        return self.live.buffer(self.store.keys.decisions)
+
     def _apply(self, decision: Decision, options: dict[str, Any], auto: bool) -> None:
         headers = options.get("headers")
-        headers = dict(headers) if isinstance(headers, Mapping) else {}
-        headers["aitp"] = decision.header()
+        if headers:  # the caller's dict is copied, never changed
+            headers = dict(headers) if type(headers) is dict or isinstance(headers, Mapping) \
+                else {}
+            headers["aitp"] = decision.header()
+        else:
+            headers = {"aitp": decision.header()}
         options["headers"] = headers
+        # The Decision itself is buffered: the refresher builds its record off this path
+        # (not when misconfigured: there is no store to build it for).
+        if decision.reason != "config_error":
+            self._decision_records.add(decision)
         counters = self.counters
         # decisions:<stage>:<tenant>:<tier>:<accelerator>:<reason> (bounded by the policy;
         # the reason goes last because 'error:<Type>' contains the separator)
@@ -263,7 +293,7 @@ class Middleware:
             counters.incr(note)
         if decision.routed:
             self._send_to_tier(options, decision.queue or "")
-        elif decision.reason == "explicit_queue_dead":
+        elif decision.reason in _TO_DEFAULT:
             options["queue"] = self.default_queue
             _drop_destination(options)
         elif decision.reason == "explicit_queue":
@@ -275,8 +305,6 @@ class Middleware:
                 self._send_to_tier(options, explicit)
                 if parse_tier_queue(explicit) is None and priority is not None:
                     options["priority"] = priority
-        if decision.reason != "config_error":
-            self.live.buffer(self.store.keys.decisions).add(decision.record())
 
     def _send_to_tier(self, options: dict[str, Any], name: str) -> None:
         options["queue"] = self.queue(name)
@@ -302,6 +330,10 @@ def transport_driver(app: Any) -> str:
 def _drop_destination(options: dict[str, Any]) -> None:
     for key in ("exchange", "routing_key", "exchange_type"):
         options.pop(key, None)
+
+
+def _root_id(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _queue_name(queue: Any) -> str | None:

@@ -102,6 +102,88 @@ class SplitSettings(_Model):
     )
 
 
+class GuardConditions(_Model):
+    """What the routed arm must show in every analysis; a condition set to None is not checked."""
+
+    min_sla_hit_rate: float | None = Field(
+        default=0.95, ge=0, le=1,
+        description="Least share of routed-arm runs that waited within their tier's sla_s.",
+    )
+    max_wait_ratio: float | None = Field(
+        default=1.5, gt=0,
+        description="Routed-arm p90 wait at most this times the control group's p90 wait "
+                    "(plus wait_slack_s); the control group is the standard arm's runs that "
+                    "match the split's selectors.",
+    )
+    wait_slack_s: float = Field(
+        default=0.5, ge=0,
+        description="Seconds added to the allowed wait, so near-zero waits do not fail on noise.",
+    )
+    max_prediction_error: float | None = Field(
+        default=None, gt=0,
+        description="Largest median relative runtime prediction error on the routed arm "
+                    "(0.5 = 50%); not checked while no run carries a prediction.",
+    )
+    max_queue_age_sla: float | None = Field(
+        default=3.0, gt=0,
+        description="No starvation: the oldest message waiting in any tier queue may be at "
+                    "most this many times its tier's sla_s old.",
+    )
+    max_fallback_rate: float | None = Field(
+        default=0.05, ge=0, le=1,
+        description="Largest share of routed-arm runs that fell back to Celery's route.",
+    )
+    max_failure_rate_increase: float | None = Field(
+        default=0.02, ge=0, le=1,
+        description="Routed-arm task failure rate at most the control group's plus this.",
+    )
+
+
+class GuardSettings(_Model):
+    """The guarded promotion loop (``celery aitp guard``), in the spirit of Argo Rollouts."""
+
+    steps: tuple[float, ...] = Field(
+        default=(5.0, 25.0, 50.0, 100.0), min_length=1, max_length=50,
+        description="Split percentages to go through, increasing, each in (0, 100].",
+    )
+    interval_s: float = Field(
+        default=60.0, gt=0, le=86_400, description="Seconds between analyses.",
+    )
+    min_samples: int = Field(
+        default=30, ge=1,
+        description="Routed-arm runs an analysis needs for a verdict; with fewer it is "
+                    "inconclusive (nothing changes) unless a condition already failed.",
+    )
+    passes_per_step: int = Field(
+        default=1, ge=1, description="Passing analyses at a step before the next step.",
+    )
+    failure_limit: int = Field(
+        default=2, ge=1,
+        description="Failed analyses (during one guard run) that trigger the rollback to "
+                    "coexistence; 1 rolls back on the first failure.",
+    )
+    promote: bool = Field(
+        default=False,
+        description="After the last step passes, switch to takeover (else stay in split).",
+    )
+    dry_run: bool = Field(
+        default=False,
+        description="Only report what the guard would do (also: 'aitp guard --dry-run').",
+    )
+    conditions: GuardConditions = Field(
+        default_factory=GuardConditions, description="What every analysis checks.",
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not 0 < step <= 100 for step in value):
+            raise ValueError("every step must be a percentage in (0, 100]")
+        if any(b <= a for a, b in zip(value, value[1:], strict=False)):
+            raise ValueError("steps must increase")
+        return value
+
+
 class Policy(_Model):
     """The whole scheduling policy. See the README's configuration reference."""
 
@@ -132,6 +214,9 @@ class Policy(_Model):
         description="Initial stage; the stage stored in the shared store wins once set.",
     )
     split: SplitSettings = Field(default_factory=SplitSettings, description="Split settings.")
+    guard: GuardSettings = Field(
+        default_factory=GuardSettings, description="Guarded promotion and rollback."
+    )
     labels: dict[str, float] = Field(
         default_factory=dict,
         description="Business-impact labels and their weight in [0, 1].",

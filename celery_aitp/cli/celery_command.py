@@ -34,6 +34,13 @@ aitp.add_command(validate)
 COMMANDS = (
     "celery_aitp.cli.status",
     "celery_aitp.cli.evacuate",
+    "celery_aitp.cli.train",
+    "celery_aitp.cli.trainer",
+    "celery_aitp.cli.model",
+    "celery_aitp.cli.stage",
+    "celery_aitp.cli.history",
+    "celery_aitp.cli.report",
+    "celery_aitp.cli.guard",
     "celery_aitp.cli.explain",
     "celery_aitp.cli.policy_history",
     "celery_aitp.cli.dashboard",

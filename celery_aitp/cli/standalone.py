@@ -7,6 +7,7 @@ import importlib
 import click
 
 from celery_aitp.cli.common import validate
+from celery_aitp.cli.offline import predict_command, train_command
 
 
 @click.group()
@@ -16,6 +17,8 @@ def main() -> None:
 
 
 main.add_command(validate)
+main.add_command(train_command)
+main.add_command(predict_command)
 
 #: Sub-command modules; each defines ``command``.
 COMMANDS = ("celery_aitp.demo.command",)

@@ -9,6 +9,8 @@ import click
 from celery_aitp.cli.celery_command import middleware_of
 from celery_aitp.cli.output import console, emit_json, fail, table
 from celery_aitp.errors import AitpError
+from celery_aitp.migration.describe import describe, when
+from celery_aitp.migration.guard_state import describe_guard, read_guard_state
 from celery_aitp.publish.live_view import stage_from_doc
 
 
@@ -16,20 +18,31 @@ from celery_aitp.publish.live_view import stage_from_doc
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.pass_context
 def command(ctx: click.Context, as_json: bool) -> None:
-    """Show the live stage, the workers serving tier queues, and counters."""
+    """Show the live stage and its last change, the guard, workers and counters."""
     mw = middleware_of(ctx)
     try:
         stage, split = stage_from_doc(mw.store.read_stage(), mw.policy)
+        last = mw.store.stage_history(1)
+        guard = read_guard_state(mw.store)
         workers = mw.store.workers()
         counts = mw.store.counts()
     except AitpError as exc:
         fail(str(exc))
     if as_json:
-        emit_json({"stage": stage.value, "split": split.model_dump(), "workers": workers,
-                   "counters": counts})
+        emit_json({"stage": stage.value, "split": split.model_dump(mode="json"),
+                   "last_change": last[0] if last else None, "guard": guard,
+                   "workers": workers, "counters": counts})
         return
-    console.print(f"stage: [bold]{stage.value}[/bold]" +
-                  (f" (split {split.percent:g}%)" if stage.value == "split" else ""))
+    console.print(f"stage: [bold]{describe(stage, split)}[/bold]")
+    if last:
+        entry = last[0]
+        why = f": {entry['why']}" if entry.get("why") else ""
+        console.print(f"changed {when(entry.get('at'))} by {entry.get('who')}{why}",
+                      soft_wrap=True)
+    else:
+        console.print("changed: never (the policy's stage applies)")
+    if guard:
+        console.print(f"guard: {describe_guard(guard)}", soft_wrap=True)
     now = time.time()
     table("workers", ["worker", "accelerator", "tenants", "tiers", "heartbeat age s"],
           [(w.get("worker"), w.get("accelerator"), ",".join(w.get("tenants", [])),

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -21,7 +23,7 @@ from celery_aitp.dashboard.explain import explain
 from celery_aitp.dashboard.fleet import Fleet
 from celery_aitp.dashboard.security import cross_site_problem
 from celery_aitp.dashboard.stage_control import change_stage
-from celery_aitp.errors import PolicyError, StoreError
+from celery_aitp.errors import AitpError, PolicyError, StoreError
 from celery_aitp.publish.live_view import stage_from_doc
 
 #: path -> what it returns (served at /api and in the README's API reference).
@@ -70,6 +72,9 @@ class Dashboard:
     worker_ttl_s: float
     started_at: float = field(default_factory=time.time)
     version: str = ""
+    #: Drains tier queues after a switch to coexistence (migration rollback); None: the
+    #: janitor does it on its next pass.
+    drain: Callable[[], dict[str, int]] | None = None
 
     @property
     def policy(self) -> Any:
@@ -145,6 +150,11 @@ class Dashboard:
             return ApiResponse({"error": str(exc)}, status_code=400)
         except StoreError as exc:
             return ApiResponse({"error": str(exc)}, status_code=503)
+        if result["stage"]["stage"] == "coexistence" and self.drain is not None:
+            try:  # a rollback by hand: nothing may keep waiting in a tier queue
+                result["moved"] = await run_in_threadpool(self.drain)
+            except AitpError as exc:
+                result["moved_error"] = f"{exc} (the janitor drains them on its next pass)"
         self.fleet.snapshot(max_age_s=0)  # the next page refresh shows the change
         return ApiResponse(result)
 

@@ -21,6 +21,7 @@ from celery_aitp.dashboard.fleet import Fleet
 from celery_aitp.dashboard.metrics import registry_for
 from celery_aitp.dashboard.security import SecurityMiddleware
 from celery_aitp.dashboard.views import PAGES, Pages
+from celery_aitp.migration.control import StageControl
 from celery_aitp.registry import QUEUE_OPS, resolve
 
 
@@ -43,8 +44,10 @@ def build_dashboard(middleware: Any, config: DashboardConfig, version: str = "")
                   queue_ops_factory(middleware.app), settings.worker_ttl_s,
                   refresh_s=config.refresh_s, window_s=config.window_s, tasks=tasks,
                   layout=middleware.layout)
+    control = StageControl(middleware)
     return Dashboard(config=config, fleet=fleet, worker_ttl_s=settings.worker_ttl_s,
-                     version=version)
+                     version=version,
+                     drain=lambda: control.drain(control.settle_time()))
 
 
 def _metrics(dashboard: Dashboard) -> Any:

@@ -48,8 +48,8 @@ class Source(Protocol):
 class View:
     """One immutable snapshot, as read by the pipeline stages."""
 
-    __slots__ = ("live_queues", "stage", "split", "fresh", "model_version", "fetched_at",
-                 "sources")
+    __slots__ = ("live_queues", "stage", "stage_value", "split", "fresh", "model_version",
+                 "fetched_at", "sources")
 
     def __init__(
         self,
@@ -63,6 +63,7 @@ class View:
     ) -> None:
         self.live_queues = live_queues
         self.stage = stage
+        self.stage_value: str = stage.value  # read per publish; Enum.value is a slow property
         self.split = split
         self.fresh = fresh
         self.model_version = model_version

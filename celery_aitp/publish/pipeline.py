@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from celery_aitp.policy import Policy
+from celery_aitp.predict.stages import prediction_stages
 from celery_aitp.publish.live_view import Source, View
 from celery_aitp.publish.priority_stage import PriorityStage
 from celery_aitp.publish.profile_stage import ProfileStage
@@ -23,6 +24,7 @@ def default_stages(policy: Policy, profile_refresh_s: float = 10.0) -> dict[str,
     """The stages every deployment starts with."""
     return {
         "tenant": TenantStage(policy),
+        **prediction_stages(),
         "profile": ProfileStage(policy, profile_refresh_s),
         "priority": PriorityStage(policy),
         "route": RouteStage(),
@@ -42,8 +44,15 @@ class Pipeline:
         )
 
     def sources(self) -> list[Source]:
-        """Background-fetched state the stages declared (``stage.sources``), in order."""
-        return [src for stage in self.stages for src in getattr(stage, "sources", ())]
+        """Background-fetched state the stages declared (``stage.sources``), in order.
+
+        Stages may share a source: it is listed (and fetched) once, under its name.
+        """
+        found: dict[str, Source] = {}
+        for stage in self.stages:
+            for source in getattr(stage, "sources", ()):
+                found.setdefault(source.name, source)
+        return list(found.values())
 
     def replace(self, name: str, stage: PublishStage) -> Pipeline:
         """A new pipeline with one stage swapped in (or added in its slot)."""
@@ -52,7 +61,7 @@ class Pipeline:
         return Pipeline(current)
 
     def decide(self, request: Request, view: View, now: float) -> Decision:
-        decision = Decision(view.stage.value, now, request.task, request.task_id)
+        decision = Decision(view.stage_value, now, request.task, request.task_id)
         for stage in self.stages:
             stage(request, decision, view)
         return decision

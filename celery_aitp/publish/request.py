@@ -6,11 +6,19 @@ must cost well under a microsecond. Stages fill a Decision in, in pipeline order
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
+from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
 #: Bump when the ``aitp`` header changes shape; readers accept older versions.
 HEADER_VERSION = 1
+
+_ENCODE = json.JSONEncoder(default=str, separators=(",", ":")).encode
+#: JSON of the fields many decisions share, by their values (bounded by the policy).
+_SHARED_JSON: dict[tuple[Any, ...], str] = {}
+_SHARED_LIMIT = 4096
 
 
 class Request:
@@ -18,7 +26,8 @@ class Request:
 
     __slots__ = (
         "task", "task_id", "args", "kwargs", "headers", "declared",
-        "explicit_queue", "published_at", "retries", "parent_tenant",
+        "explicit_queue", "published_at", "retries", "root_id", "args_bytes", "kwargs_bytes",
+        "parent_tenant",
     )
 
     def __init__(
@@ -32,6 +41,9 @@ class Request:
         explicit_queue: str | None = None,
         published_at: float = 0.0,
         retries: int = 0,
+        root_id: str | None = None,
+        args_bytes: int | None = None,
+        kwargs_bytes: int | None = None,
         parent_tenant: str | None = None,
     ) -> None:
         self.task = task
@@ -43,6 +55,10 @@ class Request:
         self.explicit_queue = explicit_queue
         self.published_at = published_at
         self.retries = retries
+        self.root_id = root_id  # the workflow's first task (chains, chords); None if alone
+        #: Lengths of Celery's ``argsrepr``/``kwargsrepr`` headers: a free size proxy.
+        self.args_bytes = args_bytes
+        self.kwargs_bytes = kwargs_bytes
         # tenant of the task running in this worker process, if this one is published
         # from inside it (a chain step, a chord body, a sub-task); already validated
         self.parent_tenant = parent_tenant
@@ -64,7 +80,8 @@ class Decision:
         self.tenant: str = ""
         self.tier: str = ""
         self.accelerator: str = ""
-        self.features: dict[str, Any] = {}
+        #: Feature vector of the model in use (names: ``model.spec.names``); () without one.
+        self.features: tuple[Any, ...] = ()
         self.predicted_runtime_s: float | None = None
         self.predicted_p90_s: float | None = None
         self.prediction_source: str | None = None
@@ -88,28 +105,100 @@ class Decision:
         return self
 
     def header(self) -> dict[str, Any]:
-        """The JSON-safe ``aitp`` header carried by the message."""
-        return {
+        """The JSON-safe ``aitp`` header carried by the message.
+
+        Always: v, tenant, tier, accelerator, predicted_runtime_s (null when unknown),
+        stage, routed, queue, reason, decided_at. Optional fields (predicted_p90_s,
+        prediction_source, arm, score, origin_at) are left out when unset: every byte is
+        JSON-encoded on each publish. Readers use ``header.get(field)``.
+        """
+        header = {
             "v": HEADER_VERSION,
             "tenant": self.tenant,
             "tier": self.tier,
             "accelerator": self.accelerator,
             "predicted_runtime_s": self.predicted_runtime_s,
+            "stage": self.stage,
+            "routed": self.routed,
+            "queue": self.queue,
+            "reason": self.reason,
+            "decided_at": self.decided_at,
+        }
+        if self.predicted_runtime_s is not None:
+            header["predicted_p90_s"] = self.predicted_p90_s
+            header["prediction_source"] = self.prediction_source
+        if self.arm is not None:
+            header["arm"] = self.arm
+        if self.score is not None:
+            header["score"] = self.score
+        if self.origin_at is not None:
+            header["origin_at"] = self.origin_at
+        return header
+
+    def record(self) -> dict[str, Any]:
+        """The decision as stored for comparison and ``explain`` (every field, even unset).
+
+        Built by the refresher thread when it ships records, not on the publish path.
+        """
+        return {
+            "v": HEADER_VERSION,
+            "task": self.task,
+            "task_id": self.task_id,
+            "tenant": self.tenant,
+            "tier": self.tier,
+            "accelerator": self.accelerator,
+            "predicted_runtime_s": self.predicted_runtime_s,
             "predicted_p90_s": self.predicted_p90_s,
+            "prediction_source": self.prediction_source,
             "stage": self.stage,
             "routed": self.routed,
             "queue": self.queue,
             "reason": self.reason,
             "arm": self.arm,
             "score": self.score,
+            "factors": self.factors,
+            "profile": self.profile,
+            "tier_steps": self.tier_steps,
             "decided_at": self.decided_at,
             "origin_at": self.origin_at,
         }
 
-    def record(self) -> dict[str, Any]:
-        """The decision as stored for comparison and ``explain`` (header plus details)."""
-        record = self.header()
-        record.update(task=self.task, task_id=self.task_id, factors=self.factors,
-                      profile=self.profile, prediction_source=self.prediction_source,
-                      tier_steps=self.tier_steps)
-        return record
+    def record_json(self) -> str:
+        """``record()`` as compact JSON, built about four times faster than encoding it.
+
+        The fields most decisions share (tenant, tier, queue, reason, ...) are encoded
+        once per distinct combination; only the task, its id, the numbers and the
+        stages' details are encoded per decision. Decodes to exactly ``record()``.
+        """
+        shared = (self.tenant, self.tier, self.accelerator, self.prediction_source,
+                  self.stage, self.routed, self.queue, self.reason, self.arm)
+        fragment = _SHARED_JSON.get(shared)
+        if fragment is None:
+            if len(_SHARED_JSON) >= _SHARED_LIMIT:
+                _SHARED_JSON.clear()
+            fragment = _SHARED_JSON[shared] = _shared_fragment(shared)
+        return (f'{{"v":{HEADER_VERSION},"task":{_quote(self.task)},'
+                f'"task_id":{_quote(self.task_id)},{fragment},'
+                f'"predicted_runtime_s":{_number(self.predicted_runtime_s)},'
+                f'"predicted_p90_s":{_number(self.predicted_p90_s)},'
+                f'"score":{_number(self.score)},"factors":{_detail(self.factors)},'
+                f'"profile":{_detail(self.profile)},"tier_steps":{_detail(self.tier_steps)},'
+                f'"decided_at":{_number(self.decided_at)},"origin_at":{_number(self.origin_at)}}}')
+
+
+_SHARED_FIELDS = ("tenant", "tier", "accelerator", "prediction_source", "stage", "routed",
+                  "queue", "reason", "arm")
+
+
+def _shared_fragment(values: tuple[Any, ...]) -> str:
+    return _ENCODE(dict(zip(_SHARED_FIELDS, values, strict=True)))[1:-1]
+
+
+def _number(value: Any) -> str:
+    if type(value) is float:
+        return repr(value) if math.isfinite(value) else "null"
+    return "null" if value is None else _ENCODE(value)
+
+
+def _detail(value: Any) -> str:
+    return "null" if value is None else _ENCODE(value)

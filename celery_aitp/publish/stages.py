@@ -10,14 +10,21 @@ own modules (``profile_stage.py``, ``priority_stage.py``).
 
 from __future__ import annotations
 
-import zlib
-from fnmatch import fnmatchcase
 from typing import Any, Protocol
 
 from celery_aitp.policy import Policy, SplitSettings, Stage
 from celery_aitp.publish.live_view import View
 from celery_aitp.publish.request import Decision, Request
+from celery_aitp.publish.split import SplitRule, arm_key, split_bucket
 from celery_aitp.queues import tier_queue_name
+
+__all__ = [
+    "GATED_REASONS", "GateStage", "PublishStage", "RouteStage", "TenantStage", "split_bucket",
+    "split_selects",
+]
+
+#: Reasons the gate gives a task a live worker could take but the stage does not route.
+GATED_REASONS = frozenset({"shadow", "split_standard_arm"})
 
 #: Longest tenant name accepted from a header before it is treated as bad input.
 MAX_TENANT_LEN = 64
@@ -75,41 +82,40 @@ class RouteStage:
             decision.reason = "routed"
 
 
-def split_bucket(task_id: str) -> float:
-    """A stable number in [0, 100) from the task id: a retry or a chain step keeps its arm."""
-    return (zlib.crc32(task_id.encode("utf-8", "replace")) % 10_000) / 100.0
-
-
 def split_selects(split: SplitSettings, request: Request, decision: Decision) -> bool:
     """Whether the split's selectors and percentage put this task on the routed arm."""
-    if split.tenants and decision.tenant not in split.tenants:
-        return False
-    if split.tiers and decision.tier not in split.tiers:
-        return False
-    if split.tasks and not any(fnmatchcase(request.task, p) for p in split.tasks):
-        return False
-    if split.max_uncertainty is not None:
-        p50, p90 = decision.predicted_runtime_s, decision.predicted_p90_s
-        if not p50 or p90 is None or p90 / p50 > split.max_uncertainty:
-            return False
-    return split_bucket(request.task_id) < split.percent
+    return SplitRule(split).routes(arm_key(request.task_id, request.root_id), request.task,
+                                   decision.tenant, decision.tier,
+                                   decision.predicted_runtime_s, decision.predicted_p90_s)
 
 
 class GateStage:
-    """Apply the migration stage: shadow routes nothing, split routes one arm, takeover all."""
+    """Apply the migration stage: shadow routes nothing, split routes one arm, takeover all.
+
+    In the split stage every task gets an arm (``routed`` or ``standard``) whether or not
+    a live worker could take it, so arm metrics compare like with like.
+    """
 
     name = "gate"
 
+    def __init__(self) -> None:
+        self._rule = SplitRule(SplitSettings())
+
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         stage = view.stage
-        decision.stage = stage.value
+        decision.stage = view.stage_value
         if stage is Stage.TAKEOVER:
             return
         if stage is Stage.COEXISTENCE:
             if decision.routed:
                 decision.fall_back("shadow")
             return
-        selected = split_selects(view.split, request, decision)
+        rule = self._rule
+        if rule.source is not view.split:  # the stored split changed: compile it once
+            rule = self._rule = SplitRule(view.split)
+        selected = rule.routes(request.root_id or request.task_id, request.task,
+                               decision.tenant, decision.tier,
+                               decision.predicted_runtime_s, decision.predicted_p90_s)
         decision.arm = "routed" if selected else "standard"
         if decision.routed and not selected:
             decision.fall_back("split_standard_arm")

@@ -16,10 +16,21 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_aitp.errors import StoreError
+from celery_aitp.errors import StageConflict, StoreError
 from celery_aitp.store.keys import Keys
 
 HISTORY_LIMIT = 1000
+# Appends each ARGV[2..] as one entry {r: <json>} to a capped stream: one atomic command
+# for a whole batch instead of one XADD each (a tenth of the client-side CPU per record).
+_APPEND = """
+for i = 2, #ARGV do
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'r', ARGV[i])
+end
+return #ARGV - 1
+"""
+_ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
+#: ``write_stage(expect=ANY)``: write whatever is stored now.
+ANY: Any = object()
 
 
 def redis_url_for(url: str) -> str:
@@ -61,6 +72,7 @@ class RedisStore:
     def __init__(self, client: redis.Redis, keys: Keys | None = None) -> None:
         self.client = client
         self.keys = keys or Keys()
+        self._append = client.register_script(_APPEND)
 
     # --- liveness ---------------------------------------------------------------
 
@@ -125,18 +137,33 @@ class RedisStore:
             raw = self.client.hget(self.keys.stage, "doc")
         return _json_or_none(raw)
 
-    def write_stage(self, doc: Mapping[str, Any], who: str) -> dict[str, Any] | None:
-        """Replace the stage document and append the change to the audit log."""
-        entry = {"at": time.time(), "who": who, "new": dict(doc)}
-        with _translated():
-            old = self.read_stage()
-            entry["old"] = old
-            pipe = self.client.pipeline(transaction=True)
-            pipe.hset(self.keys.stage, "doc", json.dumps(dict(doc)))
-            pipe.lpush(self.keys.stage_history, json.dumps(entry))
-            pipe.ltrim(self.keys.stage_history, 0, HISTORY_LIMIT - 1)
-            pipe.execute()
-        return old
+    def write_stage(self, doc: Mapping[str, Any], who: str, why: str | None = None,
+                    expect: Any = ANY) -> dict[str, Any] | None:
+        """Replace the stage document and append the change to the audit log; returns the old.
+
+        Read, write and log happen in one optimistic transaction (WATCH), so the logged
+        ``old`` is exactly what was replaced even with concurrent writers. With
+        ``expect``, the write happens only if the stored document still equals it
+        (compare-and-set, for the guard); otherwise :class:`StageConflict` is raised.
+        """
+        key = self.keys.stage
+        with _translated(), self.client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    old = _json_or_none(pipe.hget(key, "doc"))
+                    if expect is not ANY and old != expect:
+                        raise StageConflict(f"the stage changed meanwhile (now {old!r})")
+                    entry = {"at": time.time(), "who": who, "why": why, "old": old,
+                             "new": dict(doc)}
+                    pipe.multi()
+                    pipe.hset(key, "doc", json.dumps(dict(doc)))
+                    pipe.lpush(self.keys.stage_history, json.dumps(entry))
+                    pipe.ltrim(self.keys.stage_history, 0, HISTORY_LIMIT - 1)
+                    pipe.execute()
+                    return old if isinstance(old, dict) else None
+                except redis.WatchError:
+                    continue
 
     def stage_history(self, limit: int = 50) -> list[dict[str, Any]]:
         with _translated():
@@ -173,19 +200,14 @@ class RedisStore:
         return {_text(k): int(v) for k, v in raw.items()}
 
     def append_records(
-        self, stream: str, records: Iterable[Mapping[str, Any]], maxlen: int
+        self, stream: str, records: Iterable[Mapping[str, Any] | str], maxlen: int
     ) -> int:
-        """Append JSON records to a capped stream; returns how many were written."""
-        n = 0
-        with _translated():
-            pipe = self.client.pipeline(transaction=False)
-            for record in records:
-                fields = {"r": json.dumps(record, default=str)}
-                pipe.xadd(stream, fields, maxlen=maxlen, approximate=True)
-                n += 1
-            if n:
-                pipe.execute()
-        return n
+        """Append records (dicts, or their JSON text) to a capped stream; returns how many."""
+        texts = [r if type(r) is str else _ENCODER.encode(r) for r in records]
+        if texts:
+            with _translated():
+                self._append(keys=[stream], args=[int(maxlen), *texts])
+        return len(texts)
 
     def read_records(
         self, stream: str, count: int | None = None, newest_first: bool = False

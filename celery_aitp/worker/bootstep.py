@@ -116,6 +116,9 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         self._threads: list[threading.Thread] = []
         if self.plan.enabled:
             self._consume_tiers(worker, aitp_strict)
+            observer = getattr(app, "_aitp_observer", None)
+            if observer is not None:  # runs record the class they ran on
+                observer.accelerator = self.plan.accelerator
 
     def _check_store(self, app: Any) -> bool:
         """Whether a store URL is known (RabbitMQ needs an explicit one).

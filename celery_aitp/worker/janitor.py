@@ -4,7 +4,8 @@ Runs in every worker of an app with the middleware (and on demand from
 ``celery aitp evacuate``). A broker queue none of whose logical tier queues has a live
 advertisement is drained into the default queue by the broker adapter's atomic move
 (on RabbitMQ one broker queue holds every tier of a tenant and accelerator, see
-:mod:`celery_aitp.layout`). Bound: a message waits at most
+:mod:`celery_aitp.layout`); in the coexistence stage every tier queue is (after a
+rollback nothing may wait there). Bound: a message waits at most
 ``worker_ttl_s + evacuate_interval_s`` (15 s by default) after its last consumer
 disappeared before it is on the default queue.
 """
@@ -20,6 +21,8 @@ from typing import Any
 
 from celery_aitp.errors import AdapterError, StoreError
 from celery_aitp.layout import physical_groups
+from celery_aitp.policy import Stage
+from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.queues import all_tier_queues
 from celery_aitp.registry import QUEUE_OPS, resolve
 
@@ -65,7 +68,7 @@ class Janitor:
         total = sum(moved.values())
         if total:
             self.middleware.counters.incr("evacuated", total)
-            logger.warning("aitp: moved %d message(s) from orphaned tier queues to %s: %s",
+            logger.warning("aitp: moved %d message(s) from tier queues to %s: %s",
                            total, default, moved)
         return moved
 
@@ -76,8 +79,17 @@ class Janitor:
                 if not any(name in live for name in logical)]
 
     def sweep(self) -> dict[str, int]:
-        """One pass: drain every known tier queue that has no live consumer."""
-        return self.evacuate(self.orphaned(self.middleware.store.live_queues()))
+        """One pass: drain every known tier queue that has no live consumer.
+
+        In coexistence nothing should wait in a tier queue at all (a rollback drained
+        them; only a process that could not see the change still routes), so every
+        tier queue is drained.
+        """
+        store = self.middleware.store
+        stage, _ = stage_from_doc(store.read_stage(), self.middleware.policy)
+        if stage is Stage.COEXISTENCE:
+            return self.evacuate(self.known_queues())
+        return self.evacuate(self.orphaned(store.live_queues()))
 
     def run(self, stop: threading.Event) -> None:
         """Sweep every ``evacuate_interval_s`` until ``stop`` is set; one sweeper at a time."""

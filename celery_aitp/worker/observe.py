@@ -1,8 +1,10 @@
 """Record what each run really cost, from Celery's task signals, inside the pool child.
 
 A record is built in memory and put in a bounded buffer; the background refresher
-writes it to the store's capped observation stream. A store outage drops records (and
-counts the drops); it never delays or fails a task.
+writes it to the store's capped observation stream (``observation_maxlen`` records) and
+adds the run to the per-(tenant, task) history summary. A store outage drops records
+(and counts the drops); it never delays or fails a task. The record's fields are the
+README's observation schema, which is also the JSON-lines format ``train`` reads.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 
 from celery import signals
 
+from celery_aitp.predict.features import argument_features
+from celery_aitp.predict.history import HistorySink
 from celery_aitp.worker.ledger import RunLedger
 from celery_aitp.worker.meter import RunMeter, make_probe
 
@@ -24,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 #: Largest JSON rendering of args/kwargs kept in a record; larger values are summarised.
 MAX_ARGS_BYTES = 2048
+#: Version of the observation record layout (bumped when a field changes meaning).
+RECORD_VERSION = 1
 _HOST = socket.gethostname()
 
 
@@ -47,6 +53,18 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
+def _json_features(args: Any, kwargs: Any, request: Any) -> dict[str, Any]:
+    """Argument features of the real arguments (missing values as null, for JSON)."""
+    features = argument_features(
+        args, kwargs, _repr_length(getattr(request, "argsrepr", None)),
+        _repr_length(getattr(request, "kwargsrepr", None)))
+    return {k: (None if v != v else v) for k, v in features.items()}
+
+
+def _repr_length(text: Any) -> int | None:
+    return len(text) if isinstance(text, str) else None
+
+
 def _header(request: Any) -> dict[str, Any]:
     raw = getattr(request, "aitp", None)
     if raw is None and isinstance(getattr(request, "headers", None), dict):
@@ -60,13 +78,18 @@ class Observer:
     def __init__(self, app: Any) -> None:
         self.app = app
         self._started: dict[str, tuple[float, float, float]] = {}
-        self._pid = 0  # the meter and ledger belong to one (pool) process
+        self._pid = 0  # the meter, ledger and history sink belong to one (pool) process
         self._meter: RunMeter | None = None
         self._ledger: RunLedger | None = None
+        self._history: HistorySink | None = None
+        #: Accelerator class of this worker (set by the worker step; None if unflagged).
+        self.accelerator: str | None = None
 
-    def _parts(self) -> tuple[RunMeter, RunLedger]:
-        """Per-run meter and run ledger of this process, built on its first task."""
-        if self._meter is None or self._ledger is None or self._pid != os.getpid():
+    def _parts(self) -> tuple[RunMeter, RunLedger, HistorySink]:
+        """Per-run meter, run ledger and history sink of this process, built on its first
+        task (a forked child starts its own: the parent's pending runs are not its)."""
+        if (self._meter is None or self._ledger is None or self._history is None
+                or self._pid != os.getpid()):
             if self._ledger is not None:
                 self._ledger.take()  # a forked copy of the parent's: its runs are not ours
             mw = self.app.aitp
@@ -75,8 +98,10 @@ class Observer:
                                    settings.per_run_memory)
             self._ledger = RunLedger(mw.policy, mw.counters)
             mw.live.add_flusher(self._ledger.flush)
+            self._history = HistorySink(mw.counters)
+            mw.live.add_flusher(self._history.flush)
             self._pid = os.getpid()
-        return self._meter, self._ledger
+        return self._meter, self._ledger, self._history
 
     def prerun(self, task_id: str | None = None, task: Any = None, **_: Any) -> None:
         if task is None or task.app is not self.app or task_id is None:
@@ -97,13 +122,15 @@ class Observer:
         if started is None or task is None:
             return
         try:
-            meter, ledger = self._parts()
+            meter, ledger, history = self._parts()
             measures = meter.stop(task_id or "")
             record = self._record(task, task_id or "", state, args, kwargs, started)
             record.update(measures)
             mw = self.app.aitp
             mw.live.buffer(mw.store.keys.observations).add(record)
             ledger.add(record)
+            if state == "SUCCESS" and record["tenant"]:
+                history.add(record["tenant"], record["task"], record["runtime_s"])
         except Exception:  # recording must never fail a task
             self.app.aitp.counters.incr("observations_failed")
             logger.debug("aitp: could not record run of %s", task_id, exc_info=True)
@@ -111,12 +138,18 @@ class Observer:
     def _record(self, task: Any, task_id: str, state: str | None, args: Any, kwargs: Any,
                 started: tuple[float, float, float]) -> dict[str, Any]:
         start_wall, start_perf, start_cpu = started
+        runtime = time.perf_counter() - start_perf
         request = task.request
         header = _header(request)
         delivery = getattr(request, "delivery_info", None) or {}
         decided_at = header.get("decided_at")
         ready_at = _eta_seconds(getattr(request, "eta", None)) or decided_at
+        declared = getattr(task, "aitp", None)
+        hint = declared.get("runtime_hint_s") if isinstance(declared, dict) else None
+        call_args = list(args) if isinstance(args, (list, tuple)) else []
+        call_kwargs = kwargs if isinstance(kwargs, dict) else {}
         return {
+            "v": RECORD_VERSION,
             "task": task.name,
             "task_id": task_id,
             "tenant": header.get("tenant"),
@@ -128,15 +161,22 @@ class Observer:
             "arm": header.get("arm"),
             "predicted_runtime_s": header.get("predicted_runtime_s"),
             "predicted_p90_s": header.get("predicted_p90_s"),
+            "prediction_source": header.get("prediction_source"),
             "would_queue": header.get("queue"),
             "queue": delivery.get("routing_key"),
             "worker": getattr(request, "hostname", None) or _HOST,
-            "args": safe_json(list(args) if isinstance(args, (list, tuple)) else args),
-            "kwargs": safe_json(kwargs),
-            "published_at": decided_at,
+            "host": _HOST,
+            "worker_accelerator": self.accelerator,
+            "args": safe_json(call_args),
+            "kwargs": safe_json(call_kwargs),
+            "args_bytes": _repr_length(getattr(request, "argsrepr", None)),
+            "kwargs_bytes": _repr_length(getattr(request, "kwargsrepr", None)),
+            "features": _json_features(call_args, call_kwargs, request),
+            "runtime_hint_s": hint if isinstance(hint, (int, float)) else None,
+            "published_at": decided_at if isinstance(decided_at, (int, float)) else start_wall,
             "started_at": start_wall,
             "wait_s": (start_wall - ready_at) if isinstance(ready_at, (int, float)) else None,
-            "runtime_s": time.perf_counter() - start_perf,
+            "runtime_s": runtime,
             "cpu_s": _cpu_seconds() - start_cpu,
             "peak_rss_mb": _peak_rss_mb(),
             "outcome": state,

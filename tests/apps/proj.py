@@ -4,6 +4,7 @@ AITP_TEST_BROKER   broker (and result backend) URL
 AITP_TEST_PREFIX   store key prefix (one per test)
 AITP_TEST_QUEUE    default queue name (one per test)
 AITP_TEST_POLICY   policy as JSON
+AITP_TEST_REFRESH_INTERVAL   the live view's refresh interval (default 0.5 s)
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
+import redis
 from celery import Celery
 
 import celery_aitp
@@ -30,8 +33,18 @@ celery_aitp.install(
     key_prefix=os.environ.get("AITP_TEST_PREFIX", "aitptest"),
     worker_ttl_s=float(os.environ.get("AITP_TEST_WORKER_TTL", "3")),
     evacuate_interval_s=float(os.environ.get("AITP_TEST_EVACUATE_INTERVAL", "1")),
-    refresh_interval_s=0.5,
+    refresh_interval_s=float(os.environ.get("AITP_TEST_REFRESH_INTERVAL", "0.5")),
 )
+PREFIX = os.environ.get("AITP_TEST_PREFIX", "aitptest")
+_clients: dict[int, Any] = {}
+
+
+def tally_client() -> Any:
+    """A Redis client of this process (after fork, a new one) for the tally keys."""
+    client = _clients.get(os.getpid())
+    if client is None:
+        client = _clients[os.getpid()] = redis.Redis.from_url(app.conf.broker_url)
+    return client
 
 
 @app.task(shared=False, aitp={"tier": "hi"})
@@ -68,7 +81,8 @@ def flaky(self, x: int) -> dict:
     queue = self.request.delivery_info.get("routing_key")
     if self.request.retries == 0:
         raise self.retry(countdown=0.1)
-    return {"x": x, "queue": queue, "retries": self.request.retries}
+    return {"x": x, "queue": queue, "retries": self.request.retries,
+            "aitp": getattr(self.request, "aitp", None)}
 
 
 def _where(request: object, x: int) -> dict:
@@ -87,6 +101,41 @@ def where(self, x: int = 0) -> dict:
 def where_hi(self, x: int = 0) -> dict:
     """``where`` for a top-tier task."""
     return _where(self.request, x)
+
+
+@app.task(shared=False)
+def nap(ms: int) -> int:
+    """Sleeps ``ms`` milliseconds: a runtime the model can learn from the argument."""
+    time.sleep(ms / 1000.0)
+    return ms
+
+
+@app.task(shared=False)
+def model_version() -> str | None:
+    """The runtime model version this worker process predicts with (None: cold start)."""
+    model = app.aitp.live.current().sources.get("aitp.model")
+    return model.version if model is not None else None
+@app.task(shared=False, ignore_result=True)
+def noop() -> None:
+    """Nothing: for producers that only show what they decided."""
+
+
+@app.task(shared=False, bind=True)
+def probe(self, sleep: float = 0.0) -> dict:
+    """The stage this pool process sees in its own live view, and when."""
+    time.sleep(sleep)
+    return {"pid": os.getpid(), "stage": app.aitp.live.current().stage.value,
+            "at": time.time()}
+
+
+@app.task(shared=False, bind=True, ignore_result=True, aitp={"tier": "hi"})
+def tally(self, n: int) -> None:
+    """Count a run: its id in a set (duplicates show), runs, and the queue it came from."""
+    pipe = tally_client().pipeline(transaction=False)
+    pipe.sadd(f"{PREFIX}:tally:ids", self.request.id)
+    pipe.incr(f"{PREFIX}:tally:runs")
+    pipe.hincrby(f"{PREFIX}:tally:queues", self.request.delivery_info.get("routing_key"), 1)
+    pipe.execute()
 
 
 @app.task(shared=False, bind=True)

@@ -18,6 +18,10 @@ from tests.support.workers import ROOT
 pytestmark = [pytest.mark.slow]
 
 
+def overview(url: str) -> dict:
+    return httpx.get(url + "/api/overview", timeout=10).json()
+
+
 def test_demo_serves_a_live_dashboard_and_stops_cleanly_on_sigterm():
     env = {k: v for k, v in os.environ.items() if not k.startswith("AITP_")}
     proc = subprocess.Popen(
@@ -34,9 +38,15 @@ def test_demo_serves_a_live_dashboard_and_stops_cleanly_on_sigterm():
             assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
             time.sleep(0.2)
         url = re.search(r"dashboard: (http://127\.0\.0\.1:\d+)/", "".join(lines)).group(1)
-        first = httpx.get(url + "/api/overview", timeout=10).json()
+        # counters reach the store on each process's next refresh round: wait for the
+        # demo's first tasks to show, then check that the trickle keeps them moving
+        first = overview(url)
+        while first["decisions"]["total"]["total"] < 30:
+            assert time.monotonic() < deadline, first
+            time.sleep(0.3)
+            first = overview(url)
         time.sleep(2.5)  # the trickle keeps publishing: counters move between two reads
-        second = httpx.get(url + "/api/overview", timeout=10).json()
+        second = overview(url)
         assert second["decisions"]["total"]["total"] > first["decisions"]["total"]["total"] >= 30
         assert second["decisions"]["total"]["routed"] > 0 and second["workers"]["alive"] == 2
         assert second["stage"]["stage"] == "takeover"

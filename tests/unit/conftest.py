@@ -61,3 +61,19 @@ def make_live(store: RedisStore, *queues: str, stage: str = "takeover") -> None:
     """Advertise ``queues`` as served and set the stage."""
     store.advertise("w1@test", queues, {}, ttl_s=60)
     store.write_stage({"stage": stage, "split": {}}, who="test")
+
+
+@pytest.fixture(scope="session")
+def synthetic_records() -> list[dict[str, Any]]:
+    """A generated workload (see celery_aitp.learn.synthetic), shared by the model tests."""
+    from celery_aitp.learn import synthetic
+
+    return list(synthetic.records(3000, seed=5))
+
+
+@pytest.fixture(scope="session")
+def trained(synthetic_records: list[dict[str, Any]]) -> Any:
+    """One small trained model (TrainResult), trained once per session (about a second)."""
+    from celery_aitp.learn.train import TrainConfig, train
+
+    return train(synthetic_records, TrainConfig(rounds=40, p90_rounds=10))

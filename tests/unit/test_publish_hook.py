@@ -153,3 +153,61 @@ def test_decisions_are_recorded_in_the_store(app, store, published):
     records = store.read_records(store.keys.decisions)
     assert records[-1]["task_id"] == result.id
     assert records[-1]["queue"] == "aitp.acme.cpu.hi"
+
+
+def test_a_retry_into_a_tier_queue_goes_to_the_default_queue_after_a_rollback(app, store,
+                                                                              published):
+    make_live(store, "aitp.acme.cpu.hi", stage="coexistence")
+    refresh(app)
+    task = app.tasks["tests.unit.conftest.urgent"]
+    task.apply_async((1,), queue="aitp.acme.cpu.hi", headers={"aitp_tenant": "acme"})
+    assert published[-1]["routing_key"] == "default-q"
+    assert header(published[-1])["reason"] == "explicit_queue_standard"
+
+
+def test_a_retry_into_a_live_tier_queue_stays_there_in_takeover(app, store, published):
+    make_live(store, "aitp.acme.cpu.hi")
+    refresh(app)
+    task = app.tasks["tests.unit.conftest.urgent"]
+    task.apply_async((1,), queue="aitp.acme.cpu.hi", headers={"aitp_tenant": "acme"})
+    assert published[-1]["routing_key"] == "aitp.acme.cpu.hi"
+    assert header(published[-1])["reason"] == "explicit_queue"
+
+
+def test_chain_steps_carry_the_root_id_the_arm_is_decided_on(app, store, published):
+    from celery import chain
+
+    make_live(store, "aitp.acme.cpu.hi", stage="split")
+    store.write_stage({"stage": "split", "split": {"percent": 50}}, who="test")
+    refresh(app)
+    task = app.tasks["tests.unit.conftest.urgent"]
+    result = chain(task.s(1), task.s()).apply_async(headers={"aitp_tenant": "acme"})
+    first = published[-1]
+    assert first["headers"]["root_id"] == first["headers"]["id"] == result.parent.id
+
+
+def test_coexistence_annotates_and_records_but_keeps_celerys_route(app, store, published):
+    make_live(store, "aitp.acme.cpu.hi", stage="coexistence")
+    refresh(app)
+    app.tasks["tests.unit.conftest.urgent"].apply_async((1,), headers={"aitp_tenant": "acme"})
+    msg = published[-1]
+    assert msg["routing_key"] == "default-q"
+    h = header(msg)
+    assert h["routed"] is False and h["reason"] == "shadow" and h["stage"] == "coexistence"
+    assert h["queue"] == "aitp.acme.cpu.hi"  # where it would have gone
+    app.aitp.live.flush()
+    record = store.read_records(store.keys.decisions)[-1]
+    assert record["reason"] == "shadow" and record["queue"] == "aitp.acme.cpu.hi"
+
+
+def test_a_stage_change_in_the_store_is_followed_at_the_next_refresh(app, store, published):
+    make_live(store, "aitp.acme.cpu.hi", stage="coexistence")
+    refresh(app)
+    task = app.tasks["tests.unit.conftest.urgent"]
+    task.apply_async((1,), headers={"aitp_tenant": "acme"})
+    store.write_stage({"stage": "takeover", "split": {}}, who="test")
+    task.apply_async((2,), headers={"aitp_tenant": "acme"})  # cached view: not yet
+    app.aitp.live.refresh()
+    task.apply_async((3,), headers={"aitp_tenant": "acme"})
+    assert [m["routing_key"] for m in published[-3:]] == ["default-q", "default-q",
+                                                          "aitp.acme.cpu.hi"]

@@ -1,0 +1,188 @@
+"""Publish overhead: plain Celery against celery_aitp in each stage, side by side.
+
+Every variant is its own Celery app publishing the same tasks (same names, arguments and
+headers) to the same real broker in the same process; the variants take turns in each
+round (the order rotates) and each round also ships the variant's own telemetry
+(counters, decision records) inside the timed part, so background work is charged to
+whoever caused it. Prints microseconds per task (wall clock and process CPU) and the
+ratio to plain Celery (median over rounds of the per-round ratio).
+
+    python benchmarks/publish_overhead.py                      # Redis only
+    python benchmarks/publish_overhead.py --amqp amqp://guest:guest@127.0.0.1:5672//
+
+Environment: AITP_BENCH_REDIS_URL (default redis://127.0.0.1:6379/14) and
+AITP_BENCH_AMQP_URL. Target: takeover at most 1.05x plain Celery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+from celery import Celery  # noqa: E402
+
+import celery_aitp  # noqa: E402
+from celery_aitp.queues import all_tier_queues  # noqa: E402
+
+TASKS = ("media.resize", "reports.build", "ml.fit", "etl.batch", "mail.send", "geo.route")
+
+
+class Variant:
+    """One app: plain Celery, or celery_aitp in one stage (with or without a model)."""
+
+    def __init__(self, index: int, name: str, broker: str, store_url: str, run: str,
+                 stage: str | None, with_model: bool = True) -> None:
+        self.name = name
+        self.stage = stage
+        self.with_model = with_model
+        self.app = Celery(f"bench{index}-{run}", broker=broker)
+        self.app.conf.task_default_queue = f"bench-{run}"
+        self.app.conf.broker_connection_retry_on_startup = True
+        self.middleware: Any = None
+        if stage is not None:
+            self.middleware = celery_aitp.install(
+                self.app, policy=common.policy_for(run, stage), store_url=store_url,
+                key_prefix=f"bench-{run}-{index}", refresh_interval_s=1.0)
+        self.tasks = {name: self.app.task(name=name, shared=False)(_noop) for name in TASKS}
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def prepare(self, queues: list[str], bundle: Any, history: list[dict[str, Any]]) -> None:
+        if self.middleware is None:
+            return
+        self.middleware.store.advertise("bench-worker@localhost", queues, {}, ttl_s=3600)
+        self.middleware.store.write_stage({"stage": self.stage, "split": {"percent": 50}},
+                                          who="benchmark")
+        common.install_model(self.middleware, bundle if self.with_model else None, history)
+
+    def publish(self, messages: list[tuple[str, list[Any], dict[str, Any], dict[str, Any]]]
+                ) -> tuple[float, float]:
+        tasks = self.tasks
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        for name, args, kwargs, headers in messages:
+            tasks[name].apply_async(args, kwargs, headers=headers)
+        if self.middleware is not None:
+            self.middleware.live.flush()  # its records and counters, charged to this round
+        return time.perf_counter() - wall0, time.process_time() - cpu0
+
+    def close(self) -> None:
+        if self.middleware is not None:
+            common.close(self.middleware)
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def messages_for(records: list[dict[str, Any]]) -> list[Any]:
+    return [(r["task"], r["args"], r["kwargs"], {"aitp_tenant": r["tenant"]}) for r in records]
+
+
+def empty_queues(broker: str, queues: list[str]) -> None:
+    """Drop what the round published (outside the timed part)."""
+    from kombu import Connection
+
+    with Connection(broker) as conn:
+        channel = conn.default_channel
+        for queue in queues:
+            try:
+                channel.queue_purge(queue)
+            except Exception:  # noqa: S112 - a queue that was never declared
+                continue
+
+
+def delete_queues(broker: str, queues: list[str]) -> None:
+    """Delete the run's queues and their exchanges (each queue has one of its name)."""
+    from kombu import Connection
+
+    with Connection(broker) as conn:
+        for queue in queues:
+            for delete in (conn.default_channel.queue_delete,
+                           conn.default_channel.exchange_delete):
+                try:
+                    delete(queue)
+                except Exception:  # noqa: S112 - already gone (the channel reopens)
+                    conn.close()
+                    conn.connect()
+                    continue
+
+
+def run_broker(label: str, broker: str, store_url: str, args: argparse.Namespace,
+               bundle: Any, history: list[dict[str, Any]], messages: list[Any], run: str
+               ) -> list[tuple[str, float, float, float, float]]:
+    tenants = list(common.tenants_for(run).values())
+    queues = all_tier_queues(tenants, ("cpu", "gpu"), ("hi", "mid", "lo"))
+    plan = [("plain", None, True), ("coexistence", "coexistence", True),
+            ("split 50%", "split", True), ("takeover, cold start", "takeover", False),
+            ("takeover", "takeover", True)]
+    variants = [Variant(i, name, broker, store_url, run, stage, model)
+                for i, (name, stage, model) in enumerate(plan)]
+    for variant in variants:
+        variant.prepare(queues, bundle, history)
+    all_queues = [f"bench-{run}", *queues]
+    try:
+        for variant in variants:  # warm-up: connections, declarations, caches
+            variant.publish(messages[:100])
+        empty_queues(broker, all_queues)
+        for r in range(args.rounds):
+            order = variants[r % len(variants):] + variants[:r % len(variants)]
+            for variant in order:
+                wall, cpu = variant.publish(messages)
+                variant.wall.append(wall / len(messages) * 1e6)
+                variant.cpu.append(cpu / len(messages) * 1e6)
+            empty_queues(broker, all_queues)
+            print(f"\r{label}: round {r + 1}/{args.rounds}", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+    finally:
+        for variant in variants:
+            variant.close()
+        delete_queues(broker, all_queues)
+    plain = variants[0]
+    rows = []
+    for v in variants:
+        ratio = common.median([w / p for w, p in zip(v.wall, plain.wall, strict=True)])
+        cpu_ratio = common.median([c / p for c, p in zip(v.cpu, plain.cpu, strict=True)])
+        rows.append((v.name, common.median(v.wall), ratio, common.median(v.cpu), cpu_ratio))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--redis", default=common.REDIS_URL, help="Redis broker and store URL")
+    parser.add_argument("--amqp", default=common.AMQP_URL, help="also measure this RabbitMQ")
+    parser.add_argument("--tasks", type=int, default=400, help="tasks per variant per round")
+    parser.add_argument("--rounds", type=int, default=25)
+    args = parser.parse_args()
+
+    run = common.tag()
+    records = common.workload(6000, run, seed=3)
+    print("training the benchmark model ...", file=sys.stderr)
+    bundle = common.trained(records[:5000]).bundle
+    messages = messages_for(common.workload(args.tasks, run, seed=11, compact=False))
+    history = records[:5000]
+    results = []
+    try:
+        results.append(("redis", run_broker("redis", args.redis, args.redis, args, bundle,
+                                            history, messages, run)))
+        if args.amqp:
+            results.append(("rabbitmq", run_broker("rabbitmq", args.amqp, args.redis, args,
+                                                   bundle, history, messages, run)))
+    finally:
+        common.cleanup(args.redis, [f"bench-{run}*", f"_kombu.binding*.bench-{run}*",
+                                    f"_kombu.binding*.aitp.*-{run}.*"])
+    print(f"\npublish overhead: {args.tasks} tasks x {args.rounds} rounds per variant, "
+          "interleaved; median us/task; ratio = median of per-round ratios to plain Celery\n")
+    print(f"{'broker':9} {'variant':22} {'wall us':>9} {'ratio':>7} {'cpu us':>9} {'ratio':>7}")
+    for broker, rows in results:
+        for name, wall, ratio, cpu, cpu_ratio in rows:
+            print(f"{broker:9} {name:22} {wall:9.1f} {ratio:7.3f} {cpu:9.1f} {cpu_ratio:7.3f}")
+
+
+if __name__ == "__main__":
+    main()

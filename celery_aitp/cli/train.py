@@ -1,0 +1,61 @@
+"""``celery aitp train``: learn the runtime model from observed runs and promote it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from celery_aitp.cli.celery_command import middleware_of
+from celery_aitp.cli.output import console, fail
+from celery_aitp.cli.training import print_result, progress_bar
+from celery_aitp.errors import AitpError
+from celery_aitp.learn.dataset import read_jsonl
+from celery_aitp.learn.observations import store_records
+from celery_aitp.learn.train import TrainConfig, TrainResult, train
+from celery_aitp.predict.model_store import ModelStore
+
+
+def train_and_promote(middleware: Any, observations: str | None, limit: int | None,
+                      out: str | None, dry_run: bool, show_progress: bool = True,
+                      config: TrainConfig | None = None) -> TrainResult:
+    """Train from a file or the store; promote when the model beats the last-two baseline."""
+    records = read_jsonl(observations) if observations else store_records(middleware.store,
+                                                                          limit)
+    with progress_bar(show_progress) as report:
+        result = train(records, config, report=report)
+    print_result(result)
+    if result.bundle is None:
+        return result
+    if out:
+        console.print(f"model written to {result.bundle.save(out)}")
+    if dry_run:
+        console.print("dry run: not promoted")
+    elif result.promotable:
+        ModelStore(middleware.store).promote(result.bundle)
+        console.print(f"[green]promoted[/green] model {result.bundle.version}; producers and "
+                      "workers pick it up within seconds")
+    else:
+        console.print("[yellow]not promoted[/yellow]: the current model stays in use")
+    return result
+
+
+@click.command("train")
+@click.option("--observations", type=click.Path(exists=True, dir_okay=False),
+              help="Train from this JSON-lines file instead of the store's observations.")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Use only the newest N observations of the store.")
+@click.option("--out", type=click.Path(file_okay=False), help="Also write the model here.")
+@click.option("--dry-run", is_flag=True, help="Train and report, but do not promote.")
+@click.option("--min-records", type=click.IntRange(min=20), default=TrainConfig.min_records,
+              show_default=True, help="Train only with at least this many usable records.")
+@click.pass_context
+def command(ctx: click.Context, observations: str | None, limit: int | None, out: str | None,
+            dry_run: bool, min_records: int) -> None:
+    """Train the runtime model; promote it if it beats the last-two baseline."""
+    try:
+        train_and_promote(middleware_of(ctx), observations, limit, out, dry_run,
+                          config=TrainConfig(min_records=min_records))
+    except (AitpError, OSError) as exc:
+        fail(str(exc))
+

@@ -1,0 +1,95 @@
+"""``celery aitp trainer --every 10m``: retrain periodically, promote only improvements.
+
+One trainer trains at a time (a lock in the store), so several can run for availability.
+A round is skipped when fewer than ``--min-new`` observations arrived since the last one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import click
+
+from celery_aitp.cli.celery_command import middleware_of
+from celery_aitp.cli.output import console
+from celery_aitp.cli.train import train_and_promote
+from celery_aitp.cli.training import parse_duration
+from celery_aitp.errors import AitpError
+from celery_aitp.learn.observations import last_id, stream_length
+
+
+class Trainer:
+    """The loop, separate from click so it can be stopped and tested."""
+
+    def __init__(self, middleware: Any, every_s: float, min_new: int, limit: int | None) -> None:
+        self.middleware = middleware
+        self.every_s = every_s
+        self.min_new = min_new
+        self.limit = limit
+        self.stop = threading.Event()
+        self._seen: tuple[str | None, int] = (None, 0)  # newest id and length when trained
+
+    def due(self) -> str | None:
+        """Why this round is skipped, or None when there is something new to learn from."""
+        store = self.middleware.store
+        newest, length = last_id(store), stream_length(store)
+        if newest is None:
+            return "no observations yet"
+        seen_id, seen_length = self._seen
+        if newest == seen_id:
+            return "no new observations"
+        new = length - seen_length if seen_id is not None else length
+        if seen_id is not None and 0 <= new < self.min_new:
+            return f"only {new} new observations (--min-new {self.min_new})"
+        self._seen = (newest, length)
+        return None
+
+    def round(self) -> None:
+        store = self.middleware.store
+        lock = store.keys.any("lock", "trainer")
+        if not store.try_lock(lock, max(60.0, self.every_s), f"trainer@{time.time():.0f}"):
+            console.print("another trainer holds the lock; skipping this round")
+            return
+        try:
+            skip = self.due()
+            if skip:
+                console.print(f"{time.strftime('%H:%M:%S')} skipped: {skip}")
+                return
+            train_and_promote(self.middleware, None, self.limit, None, False,
+                              show_progress=False)
+        finally:
+            store.client.delete(lock)
+
+    def run(self, rounds: int | None = None) -> None:
+        done = 0
+        while not self.stop.is_set():
+            try:
+                self.round()
+            except AitpError as exc:
+                console.print(f"[red]round failed[/red]: {exc}; retrying next round")
+            done += 1
+            if rounds is not None and done >= rounds:
+                return
+            self.stop.wait(self.every_s)
+
+
+@click.command("trainer")
+@click.option("--every", "every", default="10m", show_default=True,
+              help="Time between rounds: 30s, 10m, 1h, ...")
+@click.option("--min-new", type=click.IntRange(min=0), default=100, show_default=True,
+              help="Retrain only after this many new observations.")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Train on the newest N observations only.")
+@click.option("--rounds", type=click.IntRange(min=1), default=None, hidden=True)
+@click.pass_context
+def command(ctx: click.Context, every: str, min_new: int, limit: int | None,
+            rounds: int | None) -> None:
+    """Retrain the runtime model periodically; promote only models that beat last-two."""
+    every_s = parse_duration(every)
+    console.print(f"trainer: every {every_s:g} s (Ctrl-C to stop)")
+    try:
+        Trainer(middleware_of(ctx), every_s, min_new, limit).run(rounds)
+    except KeyboardInterrupt:
+        console.print("trainer stopped")

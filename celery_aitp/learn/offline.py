@@ -1,0 +1,49 @@
+"""Offline prediction: ``celery-aitp predict --model MODEL --observations FILE.jsonl``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from celery_aitp.errors import ModelError
+from celery_aitp.learn.dataset import Observation, Unreadable, attach_history, to_observation
+from celery_aitp.learn.train import Matrix, predict_log
+from celery_aitp.predict.bundle import ModelBundle, booster_from_text, spec_from_meta
+
+
+def predict_records(bundle: ModelBundle, records: Iterable[Any]) -> list[dict[str, Any]]:
+    """Offline predictions, one dict per record in input order (batch LightGBM predict).
+
+    Records need no ``runtime_s``; those that have one feed the history features of the
+    records published after they finished. Unusable records get an ``error`` field.
+    """
+    import numpy as np
+
+    spec = spec_from_meta(bundle.meta)
+    p50 = booster_from_text(bundle.p50_text, "p50 model")
+    p90 = booster_from_text(bundle.p90_text, "p90 model")
+    if p50.num_feature() != len(spec.names) or p90.num_feature() != len(spec.names):
+        raise ModelError("model feature count differs from its metadata")
+    out: list[dict[str, Any]] = []
+    usable: list[Observation] = []
+    for index, record in enumerate(records):
+        if isinstance(record, Unreadable):
+            out.append({"error": record.reason})
+            continue
+        found = to_observation(index, record, need_runtime=False, successful_only=False)
+        task_id = record.get("task_id") if isinstance(record, dict) else None
+        out.append({"task_id": task_id, "error": found} if isinstance(found, str)
+                   else {"task_id": task_id})
+        if not isinstance(found, str):
+            found.index = len(out) - 1
+            usable.append(found)
+    ordered = sorted(usable, key=lambda o: (o.published_at, o.index))
+    attach_history(ordered)
+    if ordered:
+        matrix = Matrix(spec, ordered)
+        low_log, high_log = predict_log((p50, p90), matrix.x)
+        low = np.exp(low_log)
+        high = np.maximum(np.exp(high_log), low)
+        for obs, lo, hi in zip(ordered, low.tolist(), high.tolist(), strict=True):
+            out[obs.index].update(predicted_runtime_s=lo, predicted_p90_s=hi)
+    return out

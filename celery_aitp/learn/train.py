@@ -1,0 +1,273 @@
+"""Train the runtime model: log runtime (p50) and its 0.9 quantile (p90), with LightGBM.
+
+Validation is chronological: the newest ``valid_fraction`` of the records (by publish
+time) is held out and both the model and three baselines predict it:
+
+* global median: the median runtime of the training part;
+* per-task mean: the mean runtime of the task in the training part;
+* last two: the mean of the same (tenant, task)'s last two finished runs, as a producer
+  would have known them at publish time (Tsafrir et al.'s baseline), falling back to
+  the per-task mean and then the global median.
+
+The model is promotable only if its mean absolute error beats the last-two baseline.
+The promoted model is then refit on all records with the same settings. Never on the
+publish path; never pickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_aitp.learn.dataset import MIN_RUNTIME_S, Dataset, Observation, build_dataset
+from celery_aitp.predict.bundle import FORMAT, ModelBundle, verify_with_lightgbm
+from celery_aitp.predict.features import CATEGORICAL, SCHEMA, FeatureSpec
+
+#: ``report(step, done, total)``: progress of a long step (for a progress bar).
+Report = Callable[[str, int, int], None]
+
+
+def _quiet(step: str, done: int, total: int) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """LightGBM settings. Few trees keep the compiled publish-path code fast (a cache miss
+    walks every tree, and a walk costs about its depth); on the generated workload 16
+    trees of 63 leaves are as accurate as 80 of 15 at a third of the cost
+    (``benchmarks/prediction_accuracy.py``).
+
+    The p90 model is boosted from the p50 model's scores (LightGBM ``init_score``): it
+    only learns how far above the median the 0.9 quantile lies, which takes few trees.
+    """
+
+    valid_fraction: float = 0.2
+    rounds: int = 16
+    learning_rate: float = 0.4
+    num_leaves: int = 63
+    max_depth: int = 9
+    p90_rounds: int = 10
+    p90_learning_rate: float = 0.4
+    p90_num_leaves: int = 7
+    min_data_in_leaf: int = 20
+    max_bin: int = 255
+    quantile: float = 0.9
+    min_records: int = 100
+    threads: int = 0  # 0: LightGBM's default (all cores)
+    seed: int = 7
+
+    def params(self, objective: str) -> dict[str, Any]:
+        quantile = objective == "quantile"
+        params: dict[str, Any] = {
+            "objective": objective,
+            "learning_rate": self.p90_learning_rate if quantile else self.learning_rate,
+            "num_leaves": self.p90_num_leaves if quantile else self.num_leaves,
+            "max_depth": self.max_depth, "min_data_in_leaf": self.min_data_in_leaf,
+            "max_bin": self.max_bin, "min_data_per_group": 10, "cat_smooth": 5,
+            "verbose": -1, "seed": self.seed, "deterministic": True, "force_row_wise": True,
+        }
+        if quantile:
+            params["alpha"] = self.quantile
+        if self.threads:
+            params["num_threads"] = self.threads
+        return params
+
+
+@dataclass
+class Scores:
+    """Error of one predictor on the validation records (seconds)."""
+
+    name: str
+    mae: float
+    median_ae: float
+    within_2x: float
+    n: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"mae": self.mae, "median_ae": self.median_ae, "within_2x": self.within_2x,
+                "n": self.n}
+
+
+@dataclass
+class TrainResult:
+    """The outcome of one training run (``bundle`` is None if there was too little data)."""
+
+    dataset: Dataset
+    bundle: ModelBundle | None
+    scores: list[Scores] = field(default_factory=list)
+    p90_coverage: float | None = None
+    promotable: bool = False
+    reason: str = ""
+    seconds: float = 0.0
+
+    def score(self, name: str) -> Scores:
+        return next(s for s in self.scores if s.name == name)
+
+
+def scores(name: str, truth: Sequence[float], predicted: Sequence[float]) -> Scores:
+    errors = [abs(p - t) for p, t in zip(predicted, truth, strict=True)]
+    within = sum(1 for p, t in zip(predicted, truth, strict=True)
+                 if _ratio_ok(p, max(t, MIN_RUNTIME_S)))
+    n = len(truth)
+    return Scores(name, sum(errors) / n, statistics.median(errors), within / n, n)
+
+
+def _ratio_ok(predicted: float, truth: float) -> bool:
+    return predicted > 0 and 0.5 <= predicted / truth <= 2.0
+
+
+def baselines(train: Sequence[Observation], valid: Sequence[Observation]) -> list[Scores]:
+    """Global median, per-task mean and per-(tenant, task) last-two mean on ``valid``."""
+    runtimes = [o.runtime_s or 0.0 for o in train]
+    median = statistics.median(runtimes)
+    per_task: dict[str, list[float]] = {}
+    for o in train:
+        per_task.setdefault(o.task, []).append(o.runtime_s or 0.0)
+    task_mean = {task: sum(v) / len(v) for task, v in per_task.items()}
+    truth = [o.runtime_s or 0.0 for o in valid]
+    by_task = [task_mean.get(o.task, median) for o in valid]
+    last_two = [o.history[0] if o.history else task_mean.get(o.task, median) for o in valid]
+    return [
+        scores("global median", truth, [median] * len(valid)),
+        scores("per-task mean", truth, by_task),
+        scores("last two", truth, last_two),
+    ]
+
+
+class Matrix:
+    """Feature rows and log-runtime targets for a list of observations."""
+
+    def __init__(self, spec: FeatureSpec, observations: Sequence[Observation]) -> None:
+        import numpy as np
+
+        rows = [spec.row(o.task, o.tenant, o.arguments, o.hint_s, o.retries, o.published_at,
+                         o.history) for o in observations]
+        self.x = np.array(rows, dtype=np.float64).reshape(len(rows), len(spec.names))
+        self.y = np.log(np.maximum(
+            np.array([o.runtime_s or 0.0 for o in observations], dtype=np.float64),
+            MIN_RUNTIME_S))
+
+
+def _fit(spec: FeatureSpec, data: Matrix, config: TrainConfig, objective: str,
+         rounds: int, report: Report, step: str, init_score: Any = None) -> Any:
+    import lightgbm
+
+    categorical = [spec.names.index(c) for c in CATEGORICAL]
+    dataset = lightgbm.Dataset(data.x, data.y, feature_name=list(spec.names),
+                               categorical_feature=categorical, init_score=init_score,
+                               free_raw_data=True,
+                               params={"max_bin": config.max_bin, "verbose": -1})
+
+    def progress(env: Any) -> None:
+        report(step, env.iteration + 1, env.end_iteration)
+
+    return lightgbm.train(config.params(objective), dataset, num_boost_round=rounds,
+                          callbacks=[progress])
+
+
+def _fit_pair(spec: FeatureSpec, data: Matrix, config: TrainConfig, report: Report,
+              label: str) -> tuple[Any, Any]:
+    """The p50 model, and the p90 offset model boosted from its scores."""
+    p50 = _fit(spec, data, config, "regression", config.rounds, report, f"{label} p50")
+    base = p50.predict(data.x, raw_score=True)
+    p90 = _fit(spec, data, config, "quantile", config.p90_rounds, report, f"{label} p90",
+               init_score=base)
+    return p50, p90
+
+
+def predict_log(boosters: tuple[Any, Any], x: Any) -> tuple[Any, Any]:
+    """Log-runtime p50 and p90 of a matrix (the p90 model predicts an offset)."""
+    low = boosters[0].predict(x, raw_score=True)
+    return low, low + boosters[1].predict(x, raw_score=True)
+
+
+def make_spec(dataset: Dataset) -> FeatureSpec:
+    return FeatureSpec(dataset.kwarg_names(), dataset.vocabulary("task"),
+                       dataset.vocabulary("tenant"))
+
+
+def train(records: Iterable[Any], config: TrainConfig | None = None,
+          report: Report = _quiet, promote_only_if_better: bool = True) -> TrainResult:
+    """Validate records, train, compare with the baselines, and build the model bundle."""
+    config = config or TrainConfig()
+    started = time.perf_counter()
+    dataset = build_dataset(records)
+    result = TrainResult(dataset, None)
+    n = len(dataset)
+    if n < config.min_records:
+        result.reason = f"too few usable records ({n}; at least {config.min_records} needed)"
+        result.seconds = time.perf_counter() - started
+        return result
+    cut = max(1, min(n - 1, int(n * (1 - config.valid_fraction))))
+    train_part, valid_part = dataset.observations[:cut], dataset.observations[cut:]
+    spec = make_spec(dataset)
+    report("features", 0, 2)
+    train_x, valid_x = Matrix(spec, train_part), Matrix(spec, valid_part)
+    report("features", 2, 2)
+    low, high = predict_log(_fit_pair(spec, train_x, config, report, "validation"), valid_x.x)
+    truth = [o.runtime_s or 0.0 for o in valid_part]
+    predicted = [math.exp(v) for v in low.tolist()]
+    upper = [math.exp(v) for v in high.tolist()]
+    result.scores = [scores("model", truth, predicted), *baselines(train_part, valid_part)]
+    result.p90_coverage = sum(1 for u, t in zip(upper, truth, strict=True) if t <= u) / len(truth)
+    model_mae, last_two_mae = result.score("model").mae, result.score("last two").mae
+    result.promotable = model_mae < last_two_mae
+    result.reason = (
+        f"model MAE {model_mae:.4g}s vs last-two {last_two_mae:.4g}s: "
+        + ("promotable" if result.promotable else "does not beat the last-two baseline")
+    )
+    final = _fit_pair(spec, Matrix(spec, dataset.observations), config, report, "final")
+    split = (len(train_part), len(valid_part))
+    result.bundle = _bundle(spec, dataset, final, config, result, split, valid_x)
+    verify_with_lightgbm(result.bundle, final)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _bundle(spec: FeatureSpec, dataset: Dataset, boosters: tuple[Any, Any],
+            config: TrainConfig, result: TrainResult, split: tuple[int, int],
+            sample: Matrix) -> ModelBundle:
+    p50_text = boosters[0].model_to_string()
+    p90_text = boosters[1].model_to_string()
+    digest = hashlib.sha256((p50_text + p90_text).encode()).hexdigest()[:10]
+    now = time.time()
+    check_rows = sample.x[:32]
+    raw50, raw90 = predict_log(boosters, check_rows)
+    obs = dataset.observations
+    meta = {
+        "format": FORMAT,
+        "schema": SCHEMA,
+        "version": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + digest,
+        "trained_at": now,
+        "window": {"from": obs[0].published_at, "to": obs[-1].published_at},
+        "records": {"used": len(obs), "total": dataset.total, "train": split[0],
+                    "valid": split[1], "skipped": dict(dataset.skipped)},
+        "feature_names": list(spec.names),
+        "kwarg_names": list(spec.kwarg_names),
+        "tasks": sorted(spec.tasks, key=spec.tasks.__getitem__),
+        "tenants": sorted(spec.tenants, key=spec.tenants.__getitem__),
+        "target": "log(runtime_s)",
+        "quantile": config.quantile,
+        "p90": "offset",  # p90 score = p50 score + p90 model score
+        "params": {"p50": config.params("regression"), "p90": config.params("quantile"),
+                   "rounds": config.rounds, "p90_rounds": config.p90_rounds},
+        "metrics": {s.name: s.as_dict() for s in result.scores} | {
+            "p90_coverage": result.p90_coverage},
+        "promotable": result.promotable,
+        "check": {
+            "rows": [[_json_number(v) for v in row] for row in check_rows.tolist()],
+            "raw50": raw50.tolist(),
+            "raw90": raw90.tolist(),
+        },
+    }
+    return ModelBundle(meta, p50_text, p90_text)
+
+
+def _json_number(value: float) -> float | None:
+    return None if value != value else value

@@ -1,0 +1,66 @@
+"""Reading a window of a capped record stream (observations, decisions) from the store.
+
+Stream ids start with the millisecond the record was written, so "the runs recorded
+since t" or "since the last id I read" is one XRANGE, not a scan of the whole stream.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from celery_aitp.store import RedisStore
+from celery_aitp.store.redis_store import _text, _translated
+
+#: Most records one read returns (a window larger than this is truncated, oldest kept).
+MAX_RECORDS = 100_000
+
+
+def _decode(entries: list[Any]) -> tuple[list[dict[str, Any]], str | None]:
+    out: list[dict[str, Any]] = []
+    last = None
+    for entry_id, fields in entries:
+        last = _text(entry_id)
+        raw = fields.get(b"r") if isinstance(fields, dict) else None
+        try:
+            doc = json.loads(raw) if raw is not None else None
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            out.append(doc)
+    return out, last
+
+
+def records_since(store: RedisStore, stream: str, since: float | None = None,
+                  after_id: str | None = None,
+                  limit: int = MAX_RECORDS) -> tuple[list[dict[str, Any]], str | None]:
+    """Records written after ``after_id`` (exclusive) or at/after Unix time ``since``.
+
+    Returns the records, oldest first, and the id of the last one (pass it back as
+    ``after_id`` to read only what came next); the id is ``after_id`` when none came.
+    """
+    if after_id is not None:
+        start = f"({after_id}"
+    elif since is not None:
+        start = str(max(0, int(since * 1000)))
+    else:
+        start = "-"
+    with _translated():
+        entries = store.client.xrange(stream, min=start, max="+", count=limit)
+    records, last = _decode(entries)
+    return records, last or after_id
+
+
+def latest_records(store: RedisStore, stream: str, count: int) -> list[dict[str, Any]]:
+    """The newest ``count`` records, oldest first."""
+    with _translated():
+        entries = store.client.xrevrange(stream, max="+", min="-", count=count)
+    records, _ = _decode(list(reversed(entries)))
+    return records
+
+
+def last_id(store: RedisStore, stream: str) -> str | None:
+    """The id of the newest record (a cursor meaning "from now on"), None if empty."""
+    with _translated():
+        entries = store.client.xrevrange(stream, max="+", min="-", count=1)
+    return _text(entries[0][0]) if entries else None

@@ -1,0 +1,251 @@
+"""Recent runtimes per (tenant, task): the history features and the cold-start estimate.
+
+Workers keep a small summary in the store, so producers never scan the observation
+stream. Layout:
+
+``<prefix>:history`` (hash)          field ``<tenant>|<task>`` -> ``<count>;<r1>,<r2>,...``
+                                     (total runs seen; the newest runtimes first, at most
+                                     :data:`HISTORY_DEPTH`; at most ``MAX_PAIRS`` fields)
+``<prefix>:history:version``         incremented on every update
+
+Workers buffer finished runs and add them in one script call per refresh round.
+Producers re-read the hash in the refresher thread when the version moved, at most every
+:data:`FETCH_INTERVAL_S`; the publish path only looks values up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import redis
+
+from celery_aitp.errors import StoreError
+from celery_aitp.predict.features import HISTORY_DEPTH, history_features
+from celery_aitp.store import RedisStore
+from celery_aitp.telemetry.counters import Counters
+
+logger = logging.getLogger(__name__)
+
+HISTORY_SOURCE = "aitp.history"
+#: Distinct (tenant, task) pairs the summary holds; runs of further pairs are not kept.
+MAX_PAIRS = 10_000
+#: Producers re-read the summary at most this often (seconds).
+FETCH_INTERVAL_S = 2.0
+#: Runs a worker process buffers between two flushes before dropping the oldest.
+SINK_CAPACITY = 10_000
+
+Pair = tuple[str, str]
+Estimate = tuple[float, float]
+
+_ADD_RUNS = """
+local depth = tonumber(ARGV[1])
+local max_pairs = tonumber(ARGV[2])
+local refused = 0
+for i = 3, #ARGV, 2 do
+  local field, runtime = ARGV[i], ARGV[i + 1]
+  local current = redis.call('HGET', KEYS[1], field)
+  if current then
+    local count, rest = string.match(current, '^(%d+);(.*)$')
+    local kept, n = {runtime}, 1
+    for value in string.gmatch(rest or '', '[^,]+') do
+      if n >= depth then break end
+      n = n + 1
+      kept[n] = value
+    end
+    redis.call('HSET', KEYS[1], field, (tonumber(count or 0) + 1) .. ';' .. table.concat(kept, ','))
+  elseif redis.call('HLEN', KEYS[1]) < max_pairs then
+    redis.call('HSET', KEYS[1], field, '1;' .. runtime)
+  else
+    refused = refused + 1
+  end
+end
+redis.call('INCR', KEYS[2])
+return refused
+"""
+
+
+def pair_field(tenant: str, task: str) -> str:
+    """Hash field of a pair; tenant names never contain '|' (policy names)."""
+    return f"{tenant}|{task}"
+
+
+def parse_entry(raw: Any) -> tuple[int, list[float]] | None:
+    """(count, newest-first runtimes) of one hash value; None if malformed."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    count_text, sep, rest = text.partition(";")
+    if not sep:
+        return None
+    try:
+        count = int(count_text)
+        runtimes = [float(v) for v in rest.split(",") if v]
+    except ValueError:
+        return None
+    runtimes = [r for r in runtimes if r >= 0 and r == r][:HISTORY_DEPTH]
+    return (count, runtimes) if runtimes else None
+
+
+def quantile(values: Iterable[float], q: float) -> float:
+    """Nearest-rank quantile of a non-empty sample."""
+    ordered = sorted(values)
+    rank = min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.999999) - 1))
+    return ordered[rank]
+
+
+def estimate(runtimes: list[float]) -> Estimate:
+    """Cold-start (p50, p90): mean of the last two runs, and the recent 90th percentile."""
+    last2 = runtimes[:2]
+    p50 = sum(last2) / len(last2)
+    return p50, max(p50, quantile(runtimes, 0.9))
+
+
+def _pooled(runtimes: list[float]) -> Estimate:
+    """A task's estimate over all tenants: mean and p90 of each tenant's last two runs."""
+    p50 = sum(runtimes) / len(runtimes)
+    return p50, max(p50, quantile(runtimes, 0.9))
+
+
+class HistoryView:
+    """What the publish path reads: features and estimates per pair, estimates per task."""
+
+    __slots__ = ("features", "estimates", "task_estimates", "version", "fetched_at")
+
+    def __init__(self, features: Mapping[Pair, tuple[float, float, int]] | None = None,
+                 estimates: Mapping[Pair, Estimate] | None = None,
+                 task_estimates: Mapping[str, Estimate] | None = None,
+                 version: int | None = None, fetched_at: float = 0.0) -> None:
+        self.features = dict(features or {})
+        self.estimates = dict(estimates or {})
+        self.task_estimates = dict(task_estimates or {})
+        self.version = version
+        self.fetched_at = fetched_at
+
+    @classmethod
+    def from_entries(cls, entries: Mapping[Pair, tuple[int, list[float]]],
+                     version: int | None = None) -> HistoryView:
+        features, estimates = {}, {}
+        per_task: dict[str, list[float]] = {}
+        for pair, (count, runtimes) in entries.items():
+            features[pair] = history_features(runtimes, count)
+            estimates[pair] = estimate(runtimes)
+            per_task.setdefault(pair[1], []).extend(runtimes[:2])
+        task_estimates = {task: _pooled(rs) for task, rs in per_task.items()}
+        return cls(features, estimates, task_estimates, version, time.monotonic())
+
+
+EMPTY_HISTORY = HistoryView()
+
+
+class HistoryStore:
+    """The summary's store operations (one round trip each)."""
+
+    def __init__(self, store: RedisStore, max_pairs: int = MAX_PAIRS) -> None:
+        self.client = store.client
+        self.key = store.keys.any("history")
+        self.version_key = store.keys.any("history", "version")
+        self.max_pairs = max_pairs
+        self._script = self.client.register_script(_ADD_RUNS)
+
+    def add_runs(self, runs: Iterable[tuple[str, str, float]]) -> int:
+        """Add finished runs; returns how many were refused because the summary is full."""
+        args: list[Any] = [HISTORY_DEPTH, self.max_pairs]
+        for tenant, task, runtime in runs:
+            args.extend((pair_field(tenant, task), f"{runtime:.6g}"))
+        if len(args) == 2:
+            return 0
+        try:
+            return int(self._script(keys=[self.key, self.version_key], args=args))
+        except (redis.RedisError, OSError) as exc:
+            raise StoreError(f"store unreachable: {exc}") from exc
+
+    def version(self) -> int | None:
+        try:
+            raw = self.client.get(self.version_key)
+        except (redis.RedisError, OSError) as exc:
+            raise StoreError(f"store unreachable: {exc}") from exc
+        return int(raw) if raw else None
+
+    def read(self) -> dict[Pair, tuple[int, list[float]]]:
+        try:
+            raw = self.client.hgetall(self.key)
+        except (redis.RedisError, OSError) as exc:
+            raise StoreError(f"store unreachable: {exc}") from exc
+        entries = {}
+        for field, value in raw.items():
+            name = field.decode("utf-8", "replace") if isinstance(field, bytes) else str(field)
+            tenant, sep, task = name.partition("|")
+            parsed = parse_entry(value)
+            if sep and parsed is not None:
+                entries[(tenant, task)] = parsed
+        return entries
+
+
+class HistorySource:
+    """``view.sources['aitp.history']``: a :class:`HistoryView`, re-read when it changed."""
+
+    name = HISTORY_SOURCE
+    initial = EMPTY_HISTORY
+
+    def __init__(self, interval_s: float = FETCH_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+
+    def fetch(self, store: RedisStore, previous: Any) -> HistoryView:
+        recent = time.monotonic() - previous.fetched_at < self.interval_s
+        if previous is not EMPTY_HISTORY and recent:
+            return previous
+        history = HistoryStore(store)
+        version = history.version()
+        if version is None:
+            return EMPTY_HISTORY
+        if version == previous.version:
+            previous.fetched_at = time.monotonic()
+            return previous
+        return HistoryView.from_entries(history.read(), version)
+
+
+class HistorySink:
+    """Worker side: finished runs waiting to be added to the summary (bounded, never blocks).
+
+    ``flush(store)`` runs in the refresher thread with the other telemetry; runs that
+    cannot be written are kept for the next round up to the capacity, the oldest dropped
+    beyond it (counted as ``history_dropped``).
+    """
+
+    name = "aitp.history"
+
+    def __init__(self, counters: Counters, capacity: int = SINK_CAPACITY) -> None:
+        self.counters = counters
+        self._runs: deque[tuple[str, str, float]] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+
+    def add(self, tenant: str, task: str, runtime_s: float) -> None:
+        with self._lock:
+            if len(self._runs) == self._runs.maxlen:
+                self.counters.incr("history_dropped")
+            self._runs.append((tenant, task, runtime_s))
+
+    def flush(self, store: RedisStore) -> None:
+        with self._lock:
+            runs = list(self._runs)
+            self._runs.clear()
+        if not runs:
+            return
+        try:
+            refused = HistoryStore(store).add_runs(runs)
+        except StoreError:
+            with self._lock:
+                room = (self._runs.maxlen or 0) - len(self._runs)
+                keep = runs[-room:] if room > 0 else []
+                self._runs.extendleft(reversed(keep))
+                if len(runs) > len(keep):
+                    self.counters.incr("history_dropped", len(runs) - len(keep))
+            raise
+        if refused:
+            self.counters.incr("history_pairs_full", refused)
+
+    def __len__(self) -> int:
+        return len(self._runs)

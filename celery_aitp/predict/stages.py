@@ -1,0 +1,85 @@
+"""The ``features`` and ``predict`` stages of the publish pipeline.
+
+Both only read what the refresher thread prepared (``view.sources``): the compiled model
+(:mod:`~celery_aitp.predict.model_source`) and the per-(tenant, task) history
+(:mod:`~celery_aitp.predict.history`). Neither does I/O or calls LightGBM.
+
+Prediction sources, best first (``decision.prediction_source``):
+
+``model``         the current LightGBM model (compiled, cached by feature key)
+``history``       cold start: mean of the last two runs of this (tenant, task)
+``task_history``  cold start: the same over all tenants of this task
+``hint``          the task's declared ``runtime_hint_s`` (p90 = p50)
+``None``          nothing known yet: no prediction
+"""
+
+from __future__ import annotations
+
+from celery_aitp.predict.history import EMPTY_HISTORY, HISTORY_SOURCE, HistorySource
+from celery_aitp.predict.model_source import MODEL_SOURCE, ModelSource
+from celery_aitp.publish.live_view import View
+from celery_aitp.publish.request import Decision, Request
+
+
+class FeatureStage:
+    """Computes the model's feature vector into ``decision.features`` (when a model is in use)."""
+
+    name = "features"
+
+    def __init__(self, model: ModelSource | None = None,
+                 history: HistorySource | None = None) -> None:
+        self.sources = (model or ModelSource(), history or HistorySource())
+
+    def __call__(self, request: Request, decision: Decision, view: View) -> None:
+        sources = view.sources
+        model = sources.get(MODEL_SOURCE)
+        if model is None:
+            return  # cold start needs no features
+        tenant = decision.tenant
+        task = request.task
+        history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features.get((tenant, task))
+        decision.features = model.spec.vector(
+            task, tenant, request.args, request.kwargs, request.args_bytes,
+            request.kwargs_bytes, request.declared.get("runtime_hint_s"), request.retries,
+            request.published_at, history,
+        )
+
+
+class PredictStage:
+    """Sets ``predicted_runtime_s``, ``predicted_p90_s`` and ``prediction_source``."""
+
+    name = "predict"
+
+    def __init__(self, model: ModelSource | None = None,
+                 history: HistorySource | None = None) -> None:
+        self.sources = (model or ModelSource(), history or HistorySource())
+
+    def __call__(self, request: Request, decision: Decision, view: View) -> None:
+        features = decision.features
+        if features:
+            model = view.sources.get(MODEL_SOURCE)
+            if model is not None and len(features) == len(model.spec.names):
+                p50, p90, _hit = model.compiled.predict(features)
+                decision.predicted_runtime_s = p50
+                decision.predicted_p90_s = p90
+                decision.prediction_source = "model"
+                return
+        history = view.sources.get(HISTORY_SOURCE, EMPTY_HISTORY)
+        found = history.estimates.get((decision.tenant, request.task))
+        source = "history"
+        if found is None:
+            found = history.task_estimates.get(request.task)
+            source = "task_history"
+        if found is None:
+            hint = request.declared.get("runtime_hint_s")
+            if (type(hint) is float or type(hint) is int) and hint > 0:
+                found, source = (float(hint), float(hint)), "hint"
+        if found is not None:
+            decision.predicted_runtime_s, decision.predicted_p90_s = found
+            decision.prediction_source = source
+
+
+def prediction_stages() -> dict[str, FeatureStage | PredictStage]:
+    """Both stages sharing one model source and one history source."""
+    model, history = ModelSource(), HistorySource()
+    return {"features": FeatureStage(model, history), "predict": PredictStage(model, history)}

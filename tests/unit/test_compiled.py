@@ -1,0 +1,120 @@
+"""Compiled forests reproduce LightGBM exactly; the split-keyed cache never changes an answer."""
+
+from __future__ import annotations
+
+import math
+
+import lightgbm
+import numpy as np
+import pytest
+
+from celery_aitp.errors import ModelError
+from celery_aitp.predict.compiled import CompiledRuntimeModel, compile_forest
+
+
+def data(n: int = 3000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Numeric, categorical, zero-heavy and missing values, with a non-linear target."""
+    rng = np.random.default_rng(seed)
+    x = np.column_stack([
+        rng.integers(0, 8, n).astype(float),  # categorical code
+        rng.normal(size=n),
+        np.where(rng.random(n) < 0.3, 0.0, rng.exponential(5, n)),  # many zeros
+        rng.integers(0, 100, n).astype(float),
+    ])
+    x[rng.random(n) < 0.15, 1] = np.nan
+    x[rng.random(n) < 0.1, 0] = np.nan
+    y = np.sin(x[:, 1] * 2) * (x[:, 0] % 3) + np.log1p(x[:, 2]) + (x[:, 3] > 50)
+    return x, np.nan_to_num(y)
+
+
+def booster(x: np.ndarray, y: np.ndarray, rounds: int = 40, **params: object
+            ) -> lightgbm.Booster:
+    base = {"objective": "regression", "num_leaves": 15, "verbose": -1, "min_data_per_group": 5,
+            "cat_smooth": 1, "seed": 1}
+    dataset = lightgbm.Dataset(x, y, categorical_feature=[0], params={"verbose": -1})
+    return lightgbm.train({**base, **params}, dataset, rounds)
+
+
+def probe(x: np.ndarray, seed: int = 1) -> np.ndarray:
+    """Rows mixing training values, exact zeros, NaN, negatives and unseen categories."""
+    rng = np.random.default_rng(seed)
+    rows = x[rng.integers(0, len(x), 800)].copy()
+    rows[:50, 2] = 0.0
+    rows[50:100, 1] = np.nan
+    rows[100:150, 0] = -1.0
+    rows[150:200, 0] = 42.0
+    rows[200:250, 3] = np.nan
+    return rows
+
+
+@pytest.mark.parametrize("params", [{}, {"zero_as_missing": True}, {"use_missing": False},
+                                    {"objective": "quantile", "alpha": 0.9}])
+def test_compiled_forest_equals_lightgbm_predict(params):
+    x, y = data()
+    model = booster(x, y, **params)
+    forest, _usage, source = compile_forest(model.dump_model(), x.shape[1])
+    rows = probe(x)
+    expected = model.predict(rows, raw_score=True)
+    got = [forest(list(row)) for row in rows.tolist()]
+    assert got == expected.tolist()  # the same doubles, summed in the same order
+    assert "lightgbm" not in source.lower()
+
+
+def test_cached_answers_equal_direct_evaluation_and_hits_happen():
+    x, y = data()
+    low, high = booster(x, y), booster(x, y - 1.0, rounds=10)
+    model = CompiledRuntimeModel(low.dump_model(), high.dump_model(), x.shape[1])
+    rows = probe(x).tolist()
+    hits = 0
+    for row in rows + rows:
+        p50, p90, hit = model.predict(row)
+        hits += hit
+        want = model.evaluate(row)
+        assert (p50, p90) == want  # a cache hit returns exactly what evaluation gives
+        assert p90 >= p50
+    assert hits >= len(rows)  # the second pass is all hits
+    low_score = low.predict(np.array(rows[:20]), raw_score=True)
+    assert [model.raw(r)[0] for r in rows[:20]] == pytest.approx(low_score.tolist(), rel=1e-12)
+    assert model.evaluate(rows[0])[0] == pytest.approx(math.exp(low_score[0]))
+
+
+def test_rows_that_differ_only_between_thresholds_share_a_key():
+    x, y = data()
+    model = CompiledRuntimeModel(booster(x, y).dump_model(), booster(x, y, 5).dump_model(), 4)
+    row = [1.0, 0.3, 2.0, 10.0]
+    j = 3
+    thresholds = model.thresholds[j]
+    inside = [t for t in thresholds if t > 10.0][0]
+    neighbour = list(row)
+    neighbour[j] = math.nextafter(inside, -math.inf)  # still on the same side of every split
+    assert model.key(row) == model.key(neighbour)
+    beyond = list(row)
+    beyond[j] = math.nextafter(inside, math.inf)
+    assert model.key(row) != model.key(beyond)
+
+
+def test_the_cache_is_bounded():
+    x, y = data()
+    model = CompiledRuntimeModel(booster(x, y).dump_model(), booster(x, y, 5).dump_model(), 4,
+                                 cache_size=50)
+    for row in probe(x).tolist():
+        model.predict(row)
+    assert len(model.cache) <= 50
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(num_class=3), "single-output"),
+    (lambda d: d.update(average_output=True), "averaged"),
+    (lambda d: d.update(tree_info=[]), "no trees"),
+    (lambda d: d["tree_info"][0]["tree_structure"].update(decision_type="<"), "decision type"),
+    (lambda d: d["tree_info"][0]["tree_structure"].update(threshold="inf"), "not finite"),
+    (lambda d: d["tree_info"][0]["tree_structure"].update(split_feature=99), "features"),
+    (lambda d: d["tree_info"][0].update(is_linear=True), "linear"),
+])
+def test_what_cannot_be_reproduced_is_refused(change, message):
+    x, y = data(500)
+    dump = lightgbm.train({"objective": "regression", "verbose": -1, "num_leaves": 4},
+                          lightgbm.Dataset(x[:, 1:], y, params={"verbose": -1}), 3).dump_model()
+    change(dump)
+    with pytest.raises(ModelError, match=message):
+        compile_forest(dump, 3)

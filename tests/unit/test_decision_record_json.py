@@ -1,0 +1,39 @@
+"""Decision records are encoded off the publish path by a fast encoder: same content."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from celery_aitp.publish.request import Decision
+from celery_aitp.store.decision_log import DecisionLog
+
+
+def full_decision() -> Decision:
+    d = Decision("split", 1_700_000_000.25, 'we"ird\\tåsk', "id-1")
+    d.tenant, d.tier, d.accelerator, d.queue = "acme", "hi", "gpu", "aitp.acme.gpu.hi"
+    d.routed, d.reason, d.arm = True, "routed", "routed"
+    d.predicted_runtime_s, d.predicted_p90_s, d.prediction_source = 0.25, 1.5, "model"
+    d.score, d.factors = 0.75, {"sla": 0.5, "age": 1.0}
+    d.profile, d.tier_steps, d.origin_at = {"cpu": 2}, {"score": "hi"}, 1_699_999_999.0
+    return d
+
+
+def test_the_fast_encoding_decodes_to_the_record():
+    for d in (full_decision(), Decision("coexistence", 1.0)):
+        assert json.loads(d.record_json()) == d.record()
+
+
+def test_non_finite_numbers_become_null_and_the_json_stays_valid():
+    d = full_decision()
+    d.predicted_runtime_s = math.inf
+    assert json.loads(d.record_json())["predicted_runtime_s"] is None
+
+
+def test_the_decision_log_stamps_the_policy_on_fast_encoded_records(store):
+    log = DecisionLog(store, 1000, policy_digest="abc123")
+    log.append([full_decision(), {"task_id": "id-2", "task": "t"}])
+    found = log.find("id-1")
+    assert found is not None and found["policy"] == "abc123"
+    assert found == {**full_decision().record(), "policy": "abc123"}
+    assert log.find("id-2")["policy"] == "abc123"

@@ -1,0 +1,140 @@
+"""Publish-time features: deterministic, never raising, the same at training and publish."""
+
+from __future__ import annotations
+
+import json
+import math
+from decimal import Decimal
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from celery_aitp.predict.features import (
+    BASE_FEATURES,
+    BIG,
+    FeatureSpec,
+    argument_features,
+    history_features,
+    hour_and_weekday,
+    value_of,
+)
+
+
+class Level(IntEnum):
+    HIGH = 3
+
+
+class Hostile:
+    """An argument whose every hook raises: features must not call or must survive it."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("no len")
+
+    def __float__(self) -> float:
+        raise RuntimeError("no float")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+class HostileList(list):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        raise RuntimeError("no len")
+
+
+def same(a: Any, b: Any) -> bool:
+    return (a != a and b != b) or a == b
+
+
+def test_values_are_numbers_lengths_or_missing():
+    assert value_of(3) == 3 and value_of(2.5) == 2.5 and value_of(True) == 1
+    assert value_of("abcd") == 4 and value_of(b"ab") == 2 and value_of([1, 2, 3]) == 3
+    assert value_of({"a": 1}) == 1 and value_of({1, 2}) == 2
+    assert math.isnan(value_of(None)) and math.isnan(value_of(float("nan")))
+    assert value_of(float("inf")) == BIG and value_of(-(10**400)) == -BIG
+    assert value_of(np.float32(1.5)) == 1.5 and value_of(np.int64(7)) == 7.0
+    assert value_of(np.zeros((3, 4))) == 12 and value_of(Level.HIGH) == 3.0
+    assert math.isnan(value_of(Decimal("1.5"))) and math.isnan(value_of(object()))
+
+
+def test_hostile_objects_never_reach_the_caller():
+    assert math.isnan(value_of(Hostile()))
+    assert math.isnan(value_of(HostileList([1])))
+    features = argument_features([Hostile(), HostileList()], {"x": Hostile()})
+    assert features["n_args"] == 2 and math.isnan(features["arg0"])
+
+
+def test_huge_arguments_cost_no_more_than_small_ones():
+    huge = list(range(1_000_000))
+    features = argument_features([huge, "x" * 10**7], {"blob": b"\0" * 10**7})
+    assert features["arg0"] == 1_000_000 and features["arg1"] == 10**7
+    assert features["kw.blob"] == 10**7
+
+
+def test_utc_hour_and_weekday():
+    assert hour_and_weekday(0) == (0, 3)  # 1970-01-01 00:00 UTC, a Thursday
+    assert hour_and_weekday(1_700_000_000.5) == (22, 1)  # 2023-11-14 22:13 UTC, a Tuesday
+    assert all(math.isnan(v) for v in hour_and_weekday(float("nan")))
+    assert all(math.isnan(v) for v in hour_and_weekday("yesterday"))
+
+
+def test_history_features_use_the_newest_runs():
+    assert history_features([3.0, 1.0, 100.0], 57) == (2.0, 104.0 / 3, 57)
+    assert history_features([5.0], 10_000)[2] == 100  # the count is capped
+    last2, mean, count = history_features([], 0)
+    assert math.isnan(last2) and math.isnan(mean) and count == 0
+
+
+def test_the_vector_follows_the_spec_names():
+    spec = FeatureSpec(["rows"], ["report"], ["acme"])
+    vec = spec.vector("report", "acme", (640, [1, 2]), {"rows": 9}, 12, 13, 2.5, 1,
+                      1_700_000_000.0, (0.5, 0.7, 4))
+    named = dict(zip(spec.names, vec, strict=True))
+    assert spec.names[: len(BASE_FEATURES)] == BASE_FEATURES and spec.names[-1] == "kw.rows"
+    assert named["task"] == 0 and named["tenant"] == 0 and named["arg0"] == 640
+    assert named["arg1"] == 2 and math.isnan(named["arg2"]) and named["kw.rows"] == 9
+    assert named["args_bytes"] == 12 and named["hint_s"] == 2.5 and named["h_last2"] == 0.5
+    unknown = spec.vector("other", "globex", None, None, None, None, None, None, None, None)
+    assert all(math.isnan(v) for v in unknown[:2]) and unknown[2] == 0
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5), inner,
+                                                                 max_size=5),
+    max_leaves=20,
+)
+odd_values = json_values | st.builds(Hostile) | st.builds(object) | st.binary(max_size=20) | \
+    st.decimals(allow_nan=True) | st.builds(lambda: np.arange(5))
+
+
+@settings(max_examples=150, deadline=None)
+@given(args=st.lists(odd_values, max_size=6), kwargs=st.dictionaries(st.text(max_size=8),
+                                                                       odd_values, max_size=6),
+       published=st.floats(allow_nan=True) | st.integers() | st.none())
+def test_arbitrary_arguments_never_raise(args: list[Any], kwargs: dict[str, Any],
+                                         published: Any) -> None:
+    spec = FeatureSpec(sorted(kwargs)[:3], ["t"], ["a"])
+    vec = spec.vector("t", "a", tuple(args), kwargs, 10, None, None, 0, published, None)
+    assert len(vec) == len(spec.names)
+    assert all(isinstance(v, (int, float)) for v in vec)
+    assert spec.vector("t", "a", tuple(args), kwargs, 10, None, None, 0, published, None) == \
+        vec or any(v != v for v in vec)  # deterministic (NaN != NaN aside)
+
+
+@settings(max_examples=150, deadline=None)
+@given(args=st.lists(json_values, max_size=6),
+       kwargs=st.dictionaries(st.text(max_size=8), json_values, max_size=6))
+def test_training_rows_equal_publish_vectors(args: list[Any], kwargs: dict[str, Any]) -> None:
+    """A worker records argument features as JSON; the trainer's row from them must equal
+    the vector the publish path computes from the real arguments."""
+    spec = FeatureSpec(sorted(kwargs)[:4], ["t"], ["a"])
+    recorded = argument_features(args, kwargs, 17, 23)
+    as_json = json.loads(json.dumps({k: (None if v != v else v) for k, v in recorded.items()}))
+    row = spec.row("t", "a", as_json, None, 0, 1_700_000_000.0, (1.0, 2.0, 3))
+    vec = spec.vector("t", "a", tuple(args), kwargs, 17, 23, None, 0, 1_700_000_000.0,
+                      (1.0, 2.0, 3))
+    assert all(same(float(v), r) for v, r in zip(vec, row, strict=True)), (vec, row)

@@ -1,0 +1,96 @@
+"""The per-(tenant, task) history summary: bounded, updated by workers, read by producers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from celery_aitp.errors import StoreError
+from celery_aitp.predict.features import HISTORY_DEPTH
+from celery_aitp.predict.history import (
+    EMPTY_HISTORY,
+    HistorySink,
+    HistorySource,
+    HistoryStore,
+    HistoryView,
+    estimate,
+    parse_entry,
+)
+from celery_aitp.telemetry.counters import Counters
+
+
+def test_runs_are_kept_newest_first_and_capped(store):
+    history = HistoryStore(store)
+    history.add_runs([("acme", "report", float(i)) for i in range(30)])
+    history.add_runs([("acme", "resize", 0.5)])
+    entries = history.read()
+    count, runtimes = entries[("acme", "report")]
+    assert count == 30 and len(runtimes) == HISTORY_DEPTH
+    assert runtimes[:3] == [29.0, 28.0, 27.0]
+    assert entries[("acme", "resize")] == (1, [0.5])
+    assert history.version() == 2
+
+
+def test_the_summary_holds_a_bounded_number_of_pairs(store):
+    history = HistoryStore(store, max_pairs=3)
+    refused = history.add_runs([("t", f"task{i}", 1.0) for i in range(5)])
+    assert refused == 2 and len(history.read()) == 3
+    assert history.add_runs([("t", "task0", 2.0)]) == 0  # known pairs keep updating
+
+
+def test_malformed_entries_are_ignored():
+    assert parse_entry(b"3;1.5,2") == (3, [1.5, 2.0])
+    assert parse_entry(b"garbage") is None and parse_entry(b"x;1") is None
+    assert parse_entry(b"2;-1,nan") is None
+
+
+def test_cold_start_estimates_are_last_two_mean_and_recent_p90():
+    assert estimate([2.0, 4.0, 100.0]) == (3.0, 100.0)
+    view = HistoryView.from_entries({("a", "t"): (5, [1.0, 3.0]), ("b", "t"): (1, [10.0])})
+    assert view.estimates[("a", "t")] == (2.0, 3.0)
+    assert view.task_estimates["t"] == (14.0 / 3, 10.0)  # last two of each tenant, pooled
+    assert view.features[("a", "t")] == (2.0, 2.0, 5)
+
+
+def test_the_source_rereads_only_when_the_version_moves(store):
+    source = HistorySource(interval_s=0.0)
+    assert source.fetch(store, EMPTY_HISTORY) is EMPTY_HISTORY
+    HistoryStore(store).add_runs([("acme", "t", 1.0)])
+    first = source.fetch(store, EMPTY_HISTORY)
+    assert first.estimates[("acme", "t")] == (1.0, 1.0)
+    assert source.fetch(store, first) is first
+    HistoryStore(store).add_runs([("acme", "t", 3.0)])
+    assert source.fetch(store, first).estimates[("acme", "t")] == (2.0, 3.0)
+    throttled = HistorySource(interval_s=3600.0)
+    assert throttled.fetch(store, first) is first  # too soon: not even the version is read
+
+
+class DownStore:
+    class client:  # noqa: N801 - mimics RedisStore.client
+        @staticmethod
+        def register_script(_text):
+            def run(**_):
+                raise StoreError("down")
+            return run
+
+    class keys:  # noqa: N801
+        @staticmethod
+        def any(*parts):
+            return ":".join(parts)
+
+
+def test_the_sink_keeps_runs_for_the_next_round_when_the_store_is_down(store):
+    counters = Counters()
+    sink = HistorySink(counters, capacity=3)
+    for i in range(5):
+        sink.add("acme", "t", float(i))
+    assert counters.totals["history_dropped"] == 2 and len(sink) == 3
+    with pytest.raises(StoreError):
+        sink.flush(DownStore())  # type: ignore[arg-type]
+    assert len(sink) == 3
+    sink.flush(store)
+    assert len(sink) == 0
+    count, runtimes = HistoryStore(store).read()[("acme", "t")]
+    assert count == 3 and runtimes == [4.0, 3.0, 2.0]
+    assert not math.isnan(runtimes[0])

@@ -1,0 +1,96 @@
+"""The run observer: one record per run with the documented fields; never fails a task."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from celery_aitp.predict.history import HistoryStore
+from celery_aitp.store import Keys, RedisStore, connect
+from celery_aitp.telemetry.buffer import RecordBuffer
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+HEADER = {"v": 1, "tenant": "acme", "tier": "hi", "accelerator": "cpu", "routed": True,
+          "queue": "aitp.acme.cpu.hi", "reason": "routed", "stage": "takeover",
+          "decided_at": 1_700_000_000.0, "predicted_runtime_s": 0.5, "predicted_p90_s": 1.0,
+          "prediction_source": "model"}
+
+
+def records(app):
+    app.aitp.live.flush()
+    return app.aitp.store.read_records(app.aitp.store.keys.observations)
+
+
+def test_a_run_is_recorded_with_the_documented_fields(app):
+    app.aitp.live.current()
+    task = app.tasks["tests.unit.conftest.urgent"]
+    assert task.apply(([1, 2, 3],), headers={"aitp": HEADER}).get() == [1, 2, 3]
+    (record,) = records(app)
+    documented = re.findall(r"^\| `(\w+)` \|", README.read_text().split(
+        "### Observation records")[1].split("\n## ")[0], re.M)
+    assert set(record) == set(documented), set(record) ^ set(documented)
+    assert record["task"] == task.name and record["tenant"] == "acme" and record["tier"] == "hi"
+    assert record["published_at"] == HEADER["decided_at"] and record["outcome"] == "SUCCESS"
+    assert record["runtime_s"] >= 0 and record["cpu_s"] >= 0 and record["peak_rss_mb"] > 0
+    assert record["features"]["arg0"] == 3 and record["features"]["n_args"] == 1
+    assert record["args"] == [[1, 2, 3]] and record["prediction_source"] == "model"
+    app.aitp.live.flush()
+    assert HistoryStore(app.aitp.store).read()[("acme", task.name)][0] == 1
+
+
+def test_a_failed_run_is_recorded_and_not_added_to_the_history(app):
+    app.aitp.live.current()
+
+    @app.task(shared=False)
+    def boom() -> None:
+        raise ValueError("no")
+
+    result = boom.apply(headers={"aitp": HEADER})
+    assert result.failed()
+    (record,) = records(app)
+    assert record["outcome"] == "FAILURE"
+    assert HistoryStore(app.aitp.store).read() == {}
+
+
+def test_runs_without_an_aitp_header_are_recorded_too(app):
+    app.aitp.live.current()
+    app.tasks["tests.unit.conftest.plain"].apply((7,)).get()
+    (record,) = records(app)
+    assert record["tenant"] is None and record["published_at"] == record["started_at"]
+
+
+def test_when_the_store_is_down_records_are_dropped_and_counted(app):
+    mw = app.aitp
+    mw.live.current()
+    down = RedisStore(connect("redis://127.0.0.1:1/0", 0.05), Keys("unit"))
+    mw.live.store = down
+    stream = mw.store.keys.observations
+    mw.live.buffers[stream] = RecordBuffer(stream, mw.counters, capacity=3)
+    task = app.tasks["tests.unit.conftest.plain"]
+    for i in range(5):
+        assert task.apply((i,), headers={"aitp": HEADER}).get() == i  # tasks unaffected
+    mw.live.flush()
+    assert mw.counters.totals[f"records_dropped:{stream}"] == 2
+    assert len(mw.live.buffers[stream]) == 3
+
+
+def test_a_recording_error_is_counted_and_the_task_still_succeeds(app, monkeypatch):
+    app.aitp.live.current()
+    observer = app._aitp_observer
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("recording bug")
+
+    monkeypatch.setattr(observer, "_record", broken)
+    assert app.tasks["tests.unit.conftest.plain"].apply((1,)).get() == 1
+    assert app.aitp.counters.totals["observations_failed"] == 1
+
+
+@pytest.mark.parametrize("value", [object(), float("nan"), {"deep": [[[[1]]]]}, b"\0" * 5000])
+def test_any_argument_is_recorded_safely(app, value):
+    app.aitp.live.current()
+    app.tasks["tests.unit.conftest.plain"].apply((value,)).get()
+    (record,) = records(app)
+    assert record["features"]["n_args"] == 1

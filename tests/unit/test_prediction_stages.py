@@ -1,0 +1,117 @@
+"""Predictions on the publish path: the model when there is one, cold-start estimates before."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import celery_aitp
+from celery_aitp.predict.bundle import ModelBundle
+from celery_aitp.predict.history import HistoryStore
+from celery_aitp.predict.model_source import MODEL_SOURCE
+from celery_aitp.predict.model_store import ModelStore
+from celery_aitp.publish.live_view import View
+from celery_aitp.publish.request import Decision, Request
+from tests.unit.conftest import make_live
+
+
+def noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@pytest.fixture
+def synthetic_app(store) -> Any:
+    """An app whose tasks and tenants are those of the synthetic workload."""
+    app = Celery("predict-unit", broker="memory://")
+    app.conf.task_default_queue = "default-q"
+    policy = {"tenants": {"acme": {}, "globex": {}, "initech": {}, "default": {}},
+              "stage": "takeover"}
+    mw = celery_aitp.install(app, policy=policy)
+    mw.store = store
+    for name in ("media.resize", "reports.build", "mail.send"):
+        app.task(name=name, shared=False)(noop)
+    app.task(name="hinted", shared=False, aitp={"runtime_hint_s": 4.0})(noop)
+    for source in mw.pipeline.sources():
+        if hasattr(source, "interval_s"):
+            source.interval_s = 0.0
+    yield app
+    mw.close()
+
+
+def publish(app: Any, published: list[dict[str, Any]], name: str, *args: Any,
+            **kwargs: Any) -> dict[str, Any]:
+    app.tasks[name].apply_async(args, kwargs, headers={"aitp_tenant": "acme"})
+    return published[-1]["headers"]["aitp"]
+
+
+def refreshed(app: Any) -> View:
+    app.aitp.live.current()
+    app.aitp.live.refresh()
+    return app.aitp.live.current()
+
+
+def test_without_history_or_model_there_is_no_prediction(synthetic_app, published):
+    refreshed(synthetic_app)
+    h = publish(synthetic_app, published, "media.resize", 640, 480)
+    assert h["predicted_runtime_s"] is None and "prediction_source" not in h
+    h = publish(synthetic_app, published, "hinted")
+    assert (h["predicted_runtime_s"], h["predicted_p90_s"], h["prediction_source"]) == \
+        (4.0, 4.0, "hint")
+
+
+def test_cold_start_uses_the_pair_then_the_task_history(synthetic_app, store, published):
+    HistoryStore(store).add_runs([("acme", "media.resize", 1.0), ("acme", "media.resize", 3.0),
+                                  ("globex", "reports.build", 8.0)])
+    refreshed(synthetic_app)
+    h = publish(synthetic_app, published, "media.resize", 640, 480)
+    assert (h["predicted_runtime_s"], h["prediction_source"]) == (2.0, "history")
+    assert h["predicted_p90_s"] == 3.0
+    h = publish(synthetic_app, published, "reports.build", rows=10)
+    assert (h["predicted_runtime_s"], h["prediction_source"]) == (8.0, "task_history")
+
+
+def test_the_model_predicts_once_promoted(synthetic_app, store, published, trained):
+    make_live(store, "aitp.acme.cpu.lo")
+    HistoryStore(store).add_runs([("acme", "media.resize", 0.2)])
+    refreshed(synthetic_app)
+    assert publish(synthetic_app, published, "media.resize", 640, 480)["prediction_source"] == \
+        "history"
+    ModelStore(store).promote(trained.bundle)
+    view = refreshed(synthetic_app)
+    model = view.sources[MODEL_SOURCE]
+    assert model.version == trained.bundle.version
+    h = publish(synthetic_app, published, "media.resize", 640, 480, quality=85)
+    assert h["prediction_source"] == "model"
+    request = Request("media.resize", "id", (640, 480), {"quality": 85}, published_at=h[
+        "decided_at"], args_bytes=len("(640, 480)"), kwargs_bytes=len("{'quality': 85}"))
+    decision = Decision("takeover", h["decided_at"])
+    decision.tenant = "acme"
+    synthetic_app.aitp.pipeline.stages[1](request, decision, view)  # the features stage
+    expected = model.compiled.evaluate(decision.features)
+    assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == expected
+    assert h["predicted_p90_s"] >= h["predicted_runtime_s"] > 0
+
+
+def test_a_refused_model_leaves_cold_start_in_place(synthetic_app, store, published, trained):
+    HistoryStore(store).add_runs([("acme", "mail.send", 0.05)])
+    broken = ModelBundle({**trained.bundle.meta, "version": "bad"}, "tree\ngarbage",
+                         trained.bundle.p90_text)
+    ModelStore(store).promote(broken)
+    assert refreshed(synthetic_app).sources[MODEL_SOURCE] is None
+    h = publish(synthetic_app, published, "mail.send", 42)
+    assert h["prediction_source"] == "history" and h["predicted_runtime_s"] == 0.05
+
+
+def test_decision_records_carry_the_prediction(synthetic_app, store, published, trained):
+    ModelStore(store).promote(trained.bundle)
+    refreshed(synthetic_app)
+    publish(synthetic_app, published, "reports.build", rows=5000, charts=True)
+    synthetic_app.aitp.live.flush()
+    record = store.read_records(store.keys.decisions)[-1]
+    assert record["prediction_source"] == "model" and record["task"] == "reports.build"
+    assert record["predicted_runtime_s"] == published[-1]["headers"]["aitp"][
+        "predicted_runtime_s"]
+    assert json.loads(json.dumps(record)) == record

@@ -1,0 +1,181 @@
+"""Switching the live stage: audit log, split validation, rollback that drains tier queues."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from celery_aitp.cli.celery_command import aitp
+from celery_aitp.errors import PolicyError, StageConflict
+from celery_aitp.migration.control import StageControl, stage_doc, who_am_i
+from celery_aitp.policy import SplitSettings, Stage
+from celery_aitp.stubs import MemoryQueueOps
+from celery_aitp.worker.janitor import Janitor
+
+
+@pytest.fixture
+def fast(app: Any) -> Any:
+    """The unit app's middleware with a short refresh interval (short rollback settle)."""
+    mw = app.aitp
+    mw.__dict__["settings"] = mw.settings.model_copy(update={"refresh_interval_s": 0.02})
+    return mw
+
+
+@pytest.fixture
+def ops() -> MemoryQueueOps:
+    ops = MemoryQueueOps()
+    for i in range(5):
+        ops.queues["aitp.acme.cpu.hi"].append((float(i), f"hi-{i}"))
+    for i in range(3):
+        ops.queues["aitp.globex.gpu.mid"].append((float(i), f"mid-{i}"))
+    ops.queues["default-q"].append((0.0, "old"))
+    return ops
+
+
+def cli(app: Any, *args: str) -> Any:
+    result = CliRunner().invoke(aitp, list(args), obj=SimpleNamespace(app=app))
+    return result
+
+
+def test_change_is_audited_with_who_why_old_and_new(fast):
+    control = StageControl(fast, Janitor(fast, ops=MemoryQueueOps()))
+    control.change(Stage.SPLIT, SplitSettings(percent=10), "alice@h (cli, pid 1)", "try 10%")
+    control.change(Stage.TAKEOVER, None, "bob@h (cli, pid 2)")
+    latest, first = fast.store.stage_history(2)
+    assert first["who"] == "alice@h (cli, pid 1)" and first["why"] == "try 10%"
+    assert first["old"] is None and first["new"]["split"]["percent"] == 10
+    assert latest["old"]["stage"] == "split" and latest["new"]["stage"] == "takeover"
+    assert latest["new"]["split"]["percent"] == 10  # split kept for a later return to split
+    assert control.read()[0] is Stage.TAKEOVER
+
+
+def test_split_selectors_must_name_known_tenants_and_tiers(fast):
+    control = StageControl(fast, Janitor(fast, ops=MemoryQueueOps()))
+    with pytest.raises(PolicyError, match=r"unknown tenant 'initech'.*unknown tier 'gold'"):
+        control.change(Stage.SPLIT, SplitSettings(percent=5, tenants=("initech",),
+                                                  tiers=("gold",)), "me")
+    assert fast.store.read_stage() is None  # nothing written
+
+
+def test_compare_and_set_refuses_when_someone_changed_the_stage(fast):
+    control = StageControl(fast, Janitor(fast, ops=MemoryQueueOps()))
+    seen = stage_doc(Stage.SPLIT, SplitSettings(percent=5))
+    control.change(Stage.SPLIT, SplitSettings(percent=5), "guard")
+    control.change(Stage.SPLIT, SplitSettings(percent=50), "human")
+    with pytest.raises(StageConflict):
+        control.change(Stage.SPLIT, SplitSettings(percent=10), "guard", expect=seen)
+    assert control.read()[1].percent == 50
+
+
+def test_rollback_moves_every_tier_queue_message_to_the_default_queue(fast, ops):
+    control = StageControl(fast, Janitor(fast, ops=ops))
+    control.change(Stage.TAKEOVER, None, "me")
+    change = control.rollback("me", "SLA missed", settle_s=0)
+    assert change.moved == {"aitp.acme.cpu.hi": 5, "aitp.globex.gpu.mid": 3}
+    assert change.moved_total == 8
+    assert [m for _, m in ops.queues["default-q"]][0] == "old"
+    assert sorted(m for _, m in ops.queues["default-q"]) == sorted(
+        ["old"] + [f"hi-{i}" for i in range(5)] + [f"mid-{i}" for i in range(3)])
+    assert not any(ops.queues[q] for q in ops.queues if q.startswith("aitp."))
+    assert fast.store.stage_history(1)[0]["why"] == "SLA missed"
+
+
+def test_rollback_keeps_draining_for_the_settle_time(fast):
+    ops = MemoryQueueOps()
+    calls = []
+
+    class LateArrivals(Janitor):
+        def evacuate(self, queues: Any) -> dict[str, int]:
+            calls.append(1)
+            if len(calls) == 2:  # a producer that had not refreshed yet routes one more
+                ops.queues["aitp.acme.cpu.hi"].append((0.0, "late"))
+            return super().evacuate(queues)
+
+    control = StageControl(fast, LateArrivals(fast, ops=ops))
+    change = control.rollback("me", "test", settle_s=0.6)
+    assert len(calls) >= 3 and change.moved == {"aitp.acme.cpu.hi": 1}
+    assert not ops.queues["aitp.acme.cpu.hi"]
+
+
+def test_janitor_drains_live_tier_queues_too_in_coexistence(fast, ops, store):
+    store.advertise("w1", ["aitp.acme.cpu.hi", "aitp.globex.gpu.mid"], {}, ttl_s=60)
+    janitor = Janitor(fast, ops=ops)
+    store.write_stage(stage_doc(Stage.TAKEOVER, SplitSettings()), "me")
+    assert janitor.sweep() == {}  # served queues are left alone in takeover
+    store.write_stage(stage_doc(Stage.COEXISTENCE, SplitSettings()), "me")
+    assert janitor.sweep() == {"aitp.acme.cpu.hi": 5, "aitp.globex.gpu.mid": 3}
+
+
+def test_who_am_i_names_user_host_channel_and_pid():
+    who = who_am_i("cli")
+    assert "@" in who and "(cli, pid " in who
+
+
+def test_stage_command_switches_and_shows(app, fast):
+    out = cli(app, "stage", "split", "--percent", "30", "--select", "tenant=acme,globex",
+              "--select", "task=billing.*", "--reason", "first canary")
+    assert out.exit_code == 0, out.output
+    assert "split 30% of tenant=acme,globex task=billing.*" in out.output
+    assert "was (policy default)" in out.output
+    split = StageControl(fast).read()[1]
+    assert split.tenants == ("acme", "globex") and split.tasks == ("billing.*",)
+    out = cli(app, "stage", "split", "--percent", "50")  # selectors kept
+    assert "split 50% of tenant=acme,globex task=billing.*" in out.output
+    out = cli(app, "stage", "split", "--select", "all")
+    assert "stage: split 50%" in out.output and "tenant" not in out.output.split("(was")[0]
+    out = cli(app, "stage")
+    assert out.exit_code == 0 and "stage: split 50%" in out.output
+
+
+def test_stage_command_rejects_bad_input_with_the_reason(app, fast):
+    bad_key = cli(app, "stage", "split", "--select", "colour=red")
+    assert bad_key.exit_code == 2 and "KEY one of tenant, task, tier" in bad_key.output
+    bad_percent = cli(app, "stage", "split", "--percent", "130")
+    assert bad_percent.exit_code == 2 and "percent" in bad_percent.output
+    unknown = cli(app, "stage", "split", "--select", "tenant=initech")
+    assert unknown.exit_code == 2 and "unknown tenant 'initech'" in unknown.output
+    bad_stage = cli(app, "stage", "warp")
+    assert bad_stage.exit_code == 2
+    assert fast.store.read_stage() is None
+
+
+def test_stage_coexistence_reports_the_drain(app, fast):
+    out = cli(app, "stage", "coexistence", "--reason", "rollback drill")
+    assert out.exit_code == 0, out.output
+    assert "moved 0 waiting message(s) from tier queues to default-q" in out.output
+
+
+def test_history_and_status_show_the_changes(app, fast):
+    cli(app, "stage", "split", "--percent", "5", "--reason", "canary")
+    cli(app, "stage", "takeover")
+    out = cli(app, "history")
+    assert out.exit_code == 0, out.output
+    assert out.output.index("takeover") < out.output.index("canary")  # newest first
+    assert "(cli, pid" in out.output and "(policy default)" in out.output
+    status = cli(app, "status")
+    assert status.exit_code == 0, status.output
+    assert "stage: takeover" in status.output and "(cli, pid" in status.output
+    as_json = cli(app, "history", "--json")
+    assert '"why": "canary"' in as_json.output
+
+
+def test_a_rollback_from_the_dashboard_drains_the_tier_queues(app, fast, ops):
+    from starlette.testclient import TestClient
+
+    from celery_aitp.dashboard.app import build_dashboard, create_app
+    from celery_aitp.dashboard.config import DashboardConfig
+
+    dashboard = build_dashboard(fast, DashboardConfig())
+    assert dashboard.drain is not None  # wired to the migration rollback
+    control = StageControl(fast, Janitor(fast, ops=ops))
+    dashboard.drain = lambda: control.drain(0)
+    client = TestClient(create_app(dashboard))
+    client.get("/stage")
+    response = client.post("/api/stage", json={"stage": "coexistence"}, headers={
+        "X-AITP-CSRF": client.cookies["aitp_csrf"], "Origin": "http://testserver"})
+    assert response.status_code == 200, response.text
+    assert response.json()["moved"] == {"aitp.acme.cpu.hi": 5, "aitp.globex.gpu.mid": 3}
+    assert not any(ops.queues[q] for q in ops.queues if q.startswith("aitp."))

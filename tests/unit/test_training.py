@@ -1,0 +1,123 @@
+"""Training: bad records counted, chronological history, baselines, the promotion rule."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from celery_aitp.learn import train as train_module
+from celery_aitp.learn.dataset import build_dataset, read_jsonl
+from celery_aitp.learn.offline import predict_records
+from celery_aitp.learn.train import Scores, TrainConfig, baselines, scores, train
+from celery_aitp.predict.bundle import load_bundle
+
+GOOD = {"task": "t", "tenant": "a", "args": [1], "kwargs": {}, "published_at": 100.0,
+        "runtime_s": 1.0}
+
+
+def test_bad_records_are_skipped_counted_and_summarised():
+    bad = [
+        "not a dict",
+        {k: v for k, v in GOOD.items() if k != "task"},
+        {**GOOD, "task": 7},
+        {k: v for k, v in GOOD.items() if k != "tenant"},
+        {**GOOD, "published_at": "noon"},
+        {k: v for k, v in GOOD.items() if k != "runtime_s"},
+        {**GOOD, "runtime_s": -1},
+        {**GOOD, "runtime_s": math.nan},
+        {**GOOD, "runtime_s": math.inf},
+        {**GOOD, "runtime_s": "1s"},
+        {**GOOD, "args": "1, 2"},
+        {**GOOD, "kwargs": [1]},
+        {**GOOD, "outcome": "FAILURE"},
+    ]
+    dataset = build_dataset([GOOD, *bad, {**GOOD, "published_at": 101.0}])
+    assert len(dataset) == 2 and dataset.total == 15
+    assert sum(dataset.skipped.values()) == 13
+    for reason in ("missing task", "task not a string", "missing tenant", "negative runtime_s",
+                   "runtime_s is NaN", "runtime_s is infinite", "runtime_s not a number",
+                   "args not a list", "kwargs not an object", "outcome not SUCCESS"):
+        assert dataset.skipped[reason] == 1, reason
+    assert dataset.summary().startswith("used 2 of 15 records; skipped 13 (")
+
+
+def test_unreadable_lines_of_a_file_are_counted():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "runs.jsonl"
+        path.write_text(json.dumps(GOOD) + "\n{broken\n\n" + json.dumps(GOOD) + "\n")
+        dataset = build_dataset(read_jsonl(path))
+    assert len(dataset) == 2 and dataset.skipped["not JSON"] == 1
+
+
+def test_history_holds_only_runs_finished_before_publication():
+    runs = [
+        {**GOOD, "published_at": 0.0, "runtime_s": 10.0},   # finishes at 10
+        {**GOOD, "published_at": 1.0, "runtime_s": 2.0},    # finishes at 3
+        {**GOOD, "published_at": 5.0, "runtime_s": 1.0},    # sees only the second run
+        {**GOOD, "published_at": 20.0, "runtime_s": 1.0},   # sees all three
+        {**GOOD, "tenant": "b", "published_at": 21.0, "runtime_s": 1.0},  # another pair
+    ]
+    observations = build_dataset(runs).observations
+    assert observations[0].history is None and observations[1].history is None
+    assert observations[2].history == (2.0, 2.0, 1)
+    assert observations[3].history == ((1.0 + 10.0) / 2, 13.0 / 3, 3)
+    assert observations[4].history is None
+
+
+def test_baselines_on_a_hand_made_example():
+    train_part = build_dataset([
+        {**GOOD, "task": "x", "published_at": 0.0, "runtime_s": 1.0},
+        {**GOOD, "task": "x", "published_at": 10.0, "runtime_s": 3.0},
+        {**GOOD, "task": "y", "published_at": 20.0, "runtime_s": 10.0},
+    ]).observations
+    valid = build_dataset([
+        {**GOOD, "task": "x", "published_at": 0.0, "runtime_s": 1.0},
+        {**GOOD, "task": "x", "published_at": 10.0, "runtime_s": 3.0},
+        {**GOOD, "task": "x", "published_at": 30.0, "runtime_s": 4.0},
+    ]).observations[2:]
+    median, per_task, last_two = baselines(train_part, valid)
+    assert median.mae == pytest.approx(1.0)       # predicts 3.0 for a 4.0 s run
+    assert per_task.mae == pytest.approx(2.0)     # mean of x = 2.0
+    assert last_two.mae == pytest.approx(2.0)     # mean of 1.0 and 3.0
+    assert scores("s", [1.0, 4.0], [1.9, 1.0]).within_2x == 0.5
+
+
+def test_a_model_that_beats_last_two_is_promotable(trained):
+    assert trained.promotable and trained.bundle is not None
+    model, last_two = trained.score("model"), trained.score("last two")
+    assert model.mae < last_two.mae
+    assert trained.bundle.meta["metrics"]["last two"]["mae"] == pytest.approx(last_two.mae)
+    assert trained.bundle.meta["promotable"] is True
+    assert load_bundle(trained.bundle).version == trained.bundle.version
+
+
+def test_a_model_that_does_not_beat_last_two_is_not_promotable(synthetic_records, monkeypatch):
+    def unbeatable(train_part, valid):
+        found = train_module_baselines(train_part, valid)
+        return [*found[:2], Scores("last two", 0.0, 0.0, 1.0, found[2].n)]
+
+    train_module_baselines = train_module.baselines
+    monkeypatch.setattr(train_module, "baselines", unbeatable)
+    result = train(synthetic_records[:600], TrainConfig(rounds=10, p90_rounds=3))
+    assert result.bundle is not None and not result.promotable
+    assert "does not beat the last-two baseline" in result.reason
+
+
+def test_too_little_data_gives_no_model():
+    result = train([GOOD] * 5)
+    assert result.bundle is None and "too few usable records" in result.reason
+
+
+def test_offline_predictions_keep_input_order_and_mark_bad_records(trained, synthetic_records):
+    records = [*synthetic_records[-20:], {"task": "broken"}, "junk",
+               {**synthetic_records[0], "runtime_s": None}]
+    out = predict_records(trained.bundle, records)
+    assert len(out) == len(records)
+    assert out[0]["task_id"] == records[0]["task_id"]
+    assert all(o["predicted_p90_s"] >= o["predicted_runtime_s"] > 0 for o in out[:20])
+    assert out[20]["error"] == "missing tenant" and out[21]["error"] == "not a JSON object"
+    assert out[22]["predicted_runtime_s"] > 0  # runtime_s is not needed to predict
