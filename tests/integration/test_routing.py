@@ -12,21 +12,13 @@ import time
 
 import pytest
 
+from tests.support.live import wait_live
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.parametrize("broker", [pytest.param("redis", marks=pytest.mark.redis),
                                        pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)]),
 ]
-
-
-def wait_live(proj, queue: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if queue in proj.app.aitp.store.live_queues():
-            proj.app.aitp.live.refresh()
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{queue} never advertised")
 
 
 def delivered_from(broker: str, logical: str) -> str:
