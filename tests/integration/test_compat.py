@@ -120,8 +120,8 @@ class Env:
             assert header["routed"] is False and header["reason"] == "explicit_queue", info
             return
         assert header["queue"] == logical, info
-        routed = {"coexistence": False, "takeover": True}.get(
-            self.stage, header["arm"] == "routed")
+        routed = (header.get("arm") == "routed" if self.stage == "split"
+                  else self.stage == "takeover")
         assert header["routed"] is routed, info
         assert header["reason"] == ("routed" if routed else {
             "coexistence": "shadow", "split": "split_standard_arm"}[self.stage]), info

@@ -7,6 +7,7 @@ default queue, declared as Celery declares it.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -70,6 +71,14 @@ def publish(case: dict[str, Any], n: int) -> list[str]:
     return ids
 
 
+def wait_depth(case: dict[str, Any], queue: str, n: int, timeout: float = 10) -> None:
+    """Until ``queue`` holds ``n`` messages (a RabbitMQ publish is routed asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while case["ops"].depths([queue])[queue] != n:
+        assert time.monotonic() < deadline, case["ops"].depths([queue])
+        time.sleep(0.05)
+
+
 def drain(case: dict[str, Any], name: str) -> list[Any]:
     from kombu import Queue
 
@@ -88,7 +97,7 @@ def test_depth_of_a_missing_queue_is_zero(case):
 def test_move_all_moves_every_message_once_keeping_headers_and_priority(case):
     ids = publish(case, 9)
     ops, source, default = case["ops"], case["source"], case["default"]
-    assert ops.depths([source]) == {source: 9}
+    wait_depth(case, source, 9)
     assert ops.move_all(source, default) == 9
     assert ops.depths([source, default]) == {source: 0, default: 9}
     moved = drain(case, default)
@@ -106,6 +115,7 @@ def test_move_all_moves_every_message_once_keeping_headers_and_priority(case):
 def test_a_move_that_fails_half_way_loses_and_duplicates_nothing(case, monkeypatch):
     ids = publish(case, 6)
     ops, source, default = case["ops"], case["source"], case["default"]
+    wait_depth(case, source, 6)
     if case["driver"] == "amqp":
         ops.batch = 2
         from kombu.transport.pyamqp import Channel
@@ -138,6 +148,10 @@ def test_a_move_that_fails_half_way_loses_and_duplicates_nothing(case, monkeypat
     with pytest.raises(AdapterError, match="connection lost"):
         ops.move_all(source, default)
     monkeypatch.undo()
+    deadline = time.monotonic() + 10  # the broker requeues a dropped connection's messages
+    while sum(ops.depths([source, default]).values()) != len(ids):
+        assert time.monotonic() < deadline, ops.depths([source, default])
+        time.sleep(0.05)
     in_source = [m.headers["id"] for m in drain(case, source)]
     in_default = [m.headers["id"] for m in drain(case, default)]
     assert sorted(in_source + in_default) == sorted(ids)  # nothing lost, nothing twice
