@@ -14,6 +14,9 @@ from celery_aitp.errors import PolicyError
 from celery_aitp.policy import Policy, parse_policy
 from celery_aitp.priority_policy import FACTORS
 
+#: How many policy changes are searched for the policy that made a decision.
+HISTORY_SEARCHED = 1000
+
 
 def policy_for(record: Mapping[str, Any], active: Policy, active_digest: str,
                history: Sequence[Mapping[str, Any]]) -> tuple[Policy, str | None]:
@@ -74,6 +77,22 @@ def explain(record: Mapping[str, Any], policy: Policy, note: str | None = None) 
         "policy": record.get("policy"),
         "note": note,
     }
+
+
+def explain_task(middleware: Any, task_id: str) -> dict[str, Any] | None:
+    """The explanation of ``task_id``'s latest recorded decision, or None if none is kept.
+
+    The one lookup the CLI and the dashboard share: the decision log's task-id index, then
+    the policy that decided it (by digest, from the policy history). Raises StoreError.
+    """
+    from celery_aitp.policy_history import policy_history
+
+    record = middleware.decision_log.find(task_id)
+    if record is None:
+        return None
+    history = policy_history(middleware.store, limit=HISTORY_SEARCHED)
+    policy, note = policy_for(record, middleware.policy, middleware.policy_digest, history)
+    return explain(record, policy, note)
 
 
 def tier_story(steps: Mapping[str, Any] | None, tier: str | None) -> str:

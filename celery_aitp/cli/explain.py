@@ -10,8 +10,7 @@ import click
 from celery_aitp.cli.celery_command import middleware_of
 from celery_aitp.cli.output import console, emit_json, fail, table
 from celery_aitp.errors import AitpError
-from celery_aitp.explain import explain, policy_for, tier_story
-from celery_aitp.policy_history import policy_history
+from celery_aitp.explain import explain_task, tier_story
 
 
 @click.command("explain")
@@ -22,16 +21,14 @@ def command(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """Explain the latest decision recorded for TASK_ID."""
     mw = middleware_of(ctx)
     try:
-        record = mw.decision_log.find(task_id)
-        history = policy_history(mw.store, limit=1000) if record else []
+        data = explain_task(mw, task_id)
     except AitpError as exc:
         fail(str(exc))
-    if record is None:
+    if data is None:
         fail(f"no decision recorded for task {task_id!r} (decisions are kept for the last "
              f"{mw.settings.decision_maxlen} publishes; records reach the store within "
              f"{mw.settings.refresh_interval_s:g} s)", code=1)
-    policy, note = policy_for(record, mw.policy, mw.policy_digest, history)
-    data = explain(record, policy, note)
+        return
     if as_json:
         emit_json(data)
         return

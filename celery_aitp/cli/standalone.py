@@ -20,8 +20,10 @@ main.add_command(validate)
 main.add_command(train_command)
 main.add_command(predict_command)
 
-#: Sub-command modules; each defines ``command``.
-COMMANDS = ("celery_aitp.demo.command",)
+#: Sub-command modules; each defines ``command`` (or ``offline_command`` when its
+#: ``command`` is the app-bound ``celery aitp`` variant).
+COMMANDS = ("celery_aitp.demo.command", "celery_aitp.cli.replay")
 
 for _module in COMMANDS:
-    main.add_command(importlib.import_module(_module).command)
+    _loaded = importlib.import_module(_module)
+    main.add_command(getattr(_loaded, "offline_command", None) or _loaded.command)

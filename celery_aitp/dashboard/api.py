@@ -19,11 +19,12 @@ from starlette.responses import JSONResponse, Response
 
 from celery_aitp.dashboard import pages
 from celery_aitp.dashboard.config import DashboardConfig
-from celery_aitp.dashboard.explain import explain
+from celery_aitp.dashboard.explain import task_page
 from celery_aitp.dashboard.fleet import Fleet
 from celery_aitp.dashboard.security import cross_site_problem
 from celery_aitp.dashboard.stage_control import change_stage
 from celery_aitp.errors import AitpError, PolicyError, StoreError
+from celery_aitp.explain import explain
 from celery_aitp.publish.live_view import stage_from_doc
 
 #: path -> what it returns (served at /api and in the README's API reference).
@@ -75,6 +76,9 @@ class Dashboard:
     #: Drains tier queues after a switch to coexistence (migration rollback); None: the
     #: janitor does it on its next pass.
     drain: Callable[[], dict[str, int]] | None = None
+    #: Explains a task id from the decision log (``celery_aitp.explain.explain_task``);
+    #: None: from the records in the dashboard's window, under the active policy.
+    explainer: Callable[[str], dict[str, Any] | None] | None = None
 
     @property
     def policy(self) -> Any:
@@ -109,12 +113,19 @@ class Dashboard:
     def task(self, request: Request) -> Response:
         task_id = request.path_params["task_id"]
         try:
-            decision = self.fleet.decisions.find("task_id", task_id)
+            explained = self._explain(task_id)
             observation = self.fleet.obs.find("task_id", task_id)
         except StoreError as exc:
             return ApiResponse({"error": str(exc)}, status_code=503)
-        body = explain(task_id, decision, observation, self.policy)
+        body = task_page(task_id, explained, observation, self.policy)
         return ApiResponse(body, status_code=200 if body["found"] else 404)
+
+    def _explain(self, task_id: str) -> dict[str, Any] | None:
+        if self.explainer is not None:
+            return self.explainer(task_id)
+        record = self.fleet.decisions.find("task_id", task_id)
+        return None if record is None else explain(
+            record, self.policy, "from the dashboard's window, under the active policy")
 
     # --- stage ----------------------------------------------------------------------
 

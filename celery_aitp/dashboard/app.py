@@ -21,6 +21,7 @@ from celery_aitp.dashboard.fleet import Fleet
 from celery_aitp.dashboard.metrics import registry_for
 from celery_aitp.dashboard.security import SecurityMiddleware
 from celery_aitp.dashboard.views import PAGES, Pages
+from celery_aitp.explain import explain_task
 from celery_aitp.migration.control import StageControl
 from celery_aitp.registry import QUEUE_OPS, resolve
 
@@ -47,7 +48,8 @@ def build_dashboard(middleware: Any, config: DashboardConfig, version: str = "")
     control = StageControl(middleware)
     return Dashboard(config=config, fleet=fleet, worker_ttl_s=settings.worker_ttl_s,
                      version=version,
-                     drain=lambda: control.drain(control.settle_time()))
+                     drain=lambda: control.drain(control.settle_time()),
+                     explainer=lambda task_id: explain_task(middleware, task_id))
 
 
 def _metrics(dashboard: Dashboard) -> Any:

@@ -25,6 +25,7 @@ from celery_aitp.layout import Layout, PerTierLayout, physical_groups
 from celery_aitp.policy import Policy
 from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.queues import all_tier_queues, parse_tier_queue
+from celery_aitp.scheduling.usage import read_usage
 from celery_aitp.store import RedisStore
 
 RATE_WINDOW_S = 60.0
@@ -56,6 +57,7 @@ class Snapshot:
     queues: list[dict[str, Any]] = field(default_factory=list)
     observations: list[dict[str, Any]] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    fair_share: dict[str, Any] = field(default_factory=dict)
 
 
 def decisions_total(counts: Mapping[str, int]) -> int:
@@ -211,6 +213,10 @@ class Fleet:
             model = read_model(store.client, store.keys.model, now)
         except Exception as exc:  # a malformed model hash must not hide the rest
             model = {"loaded": False, "error": f"{type(exc).__name__}: {exc}"}
+        try:  # the scheduler's own fair-share view: the same Jain and entropy it acts on
+            fair_share = read_usage(store, self.policy, now).as_dict()
+        except Exception as exc:  # malformed usage entries must not hide the rest
+            fair_share = {"error": f"{type(exc).__name__}: {exc}"}
         return Snapshot(
             at=now, store_ok=True, stage=stage.value, split=split.model_dump(mode="json"),
             stage_history=store.stage_history(20), workers=store.workers(),
@@ -220,6 +226,7 @@ class Fleet:
             else recorded_rate(self.decisions, now),
             rate_history=self.history.history(), model=model,
             observations=self.obs.records(), decisions=self.decisions.records(),
+            fair_share=fair_share,
         )
 
     def queue_ops(self) -> Any:

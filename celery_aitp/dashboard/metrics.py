@@ -53,8 +53,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "aitp_tenant_share": ("gauge", ("tenant",), "Tenant's share of run time in the window."),
     "aitp_tenant_fair_share": ("gauge", ("tenant",),
                                "Weight over the weights of the tenants active in the window."),
-    "aitp_fairness_index": ("gauge", (), "Jain's index of share/fair share over active tenants."),
-    "aitp_priority_entropy_bits": ("gauge", (), "Entropy of the tier distribution of decisions."),
+    "aitp_fairness_index": ("gauge", (), "Jain's index of served work (the scheduler's, 0-1)."),
+    "aitp_priority_entropy": ("gauge", (), "Normalised entropy of the tier distribution (0-1)."),
     "aitp_model_info": ("gauge", ("version",), "1 for the runtime model version in the store."),
     "aitp_model_loaded": ("gauge", (), "1 when a trained model is in the store, 0 in cold start."),
     "aitp_model_age_seconds": ("gauge", (), "Seconds since the model was trained (if known)."),
@@ -157,8 +157,8 @@ class FleetCollector:
                                                           row["fair_share"] or 0.0)
         if ten["fairness_index"] is not None:
             fams["aitp_fairness_index"].add_metric((), ten["fairness_index"])
-        if ten["priority_entropy_bits"] is not None:
-            fams["aitp_priority_entropy_bits"].add_metric((), ten["priority_entropy_bits"])
+        if ten["priority_entropy"] is not None:
+            fams["aitp_priority_entropy"].add_metric((), ten["priority_entropy"])
 
     def _state(self, fams: dict[str, Any], snap: Any) -> None:
         fleet, b = self.fleet, self.fleet.bounds

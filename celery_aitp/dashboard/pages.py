@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from celery_aitp.dashboard import fairness
+from celery_aitp.dashboard import shares as work
 from celery_aitp.dashboard.fleet import Snapshot
 from celery_aitp.dashboard.stats import number, prediction_errors, summary
 from celery_aitp.policy import Policy
@@ -109,9 +109,9 @@ def tenants(snap: Snapshot, policy: Policy, window_s: float) -> dict[str, Any]:
         if wait is not None and isinstance(r.get("tier"), str):
             waits[tenant][r["tier"]].append(wait)
     weights = {name: spec.weight for name, spec in policy.tenants.items()}
-    shares = fairness.work_shares(runtime)
-    fair = fairness.fair_shares(weights, [t for t in runtime if runtime[t] > 0])
-    entropy = fairness.priority_entropy(str(d.get("tier") or "") for d in snap.decisions)
+    shares = work.work_shares(runtime)
+    fair = work.fair_shares(weights, [t for t in runtime if runtime[t] > 0])
+    scheduler = snap.fair_share
     rows = []
     for name in list(policy.tenants) + sorted(set(runs) - set(policy.tenants)):
         spec = policy.tenants.get(name)
@@ -125,9 +125,11 @@ def tenants(snap: Snapshot, policy: Policy, window_s: float) -> dict[str, Any]:
         })
     return {
         "at": snap.at, "window_s": window_s, "tenants": rows, "tiers": list(policy.tier_names),
-        "fairness_index": fairness.jain_index(shares, fair),
-        "priority_entropy_bits": entropy,
-        "priority_entropy_normalised": fairness.normalised_entropy(entropy, len(policy.tiers)),
+        # the scheduler's figures (celery_aitp.fairness over decayed usage), not a second
+        # formula: what the dashboard shows is what the scheduler acts on
+        "fairness_index": number(scheduler.get("jain")),
+        "priority_entropy": number(scheduler.get("entropy")),
+        "demoted": list(scheduler.get("demoted") or []),
         "decisions_in_window": len(snap.decisions),
     }
 

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import redis
@@ -126,7 +126,8 @@ class HistoryView:
 
     @classmethod
     def from_entries(cls, entries: Mapping[Pair, tuple[int, list[float]]],
-                     version: int | None = None) -> HistoryView:
+                     version: int | None = None,
+                     fetched_at: float | None = None) -> HistoryView:
         features, estimates = {}, {}
         per_task: dict[str, list[float]] = {}
         for pair, (count, runtimes) in entries.items():
@@ -134,7 +135,8 @@ class HistoryView:
             estimates[pair] = estimate(runtimes)
             per_task.setdefault(pair[1], []).extend(runtimes[:2])
         task_estimates = {task: _pooled(rs) for task, rs in per_task.items()}
-        return cls(features, estimates, task_estimates, version, time.monotonic())
+        return cls(features, estimates, task_estimates, version,
+                   time.monotonic() if fetched_at is None else fetched_at)
 
 
 EMPTY_HISTORY = HistoryView()
@@ -190,11 +192,14 @@ class HistorySource:
     name = HISTORY_SOURCE
     initial = EMPTY_HISTORY
 
-    def __init__(self, interval_s: float = FETCH_INTERVAL_S) -> None:
+    def __init__(self, interval_s: float = FETCH_INTERVAL_S,
+                 clock: Callable[[], float] | None = None) -> None:
         self.interval_s = interval_s
+        self.clock = clock or time.monotonic  # simulated time in a replay
 
     def fetch(self, store: RedisStore, previous: Any) -> HistoryView:
-        recent = time.monotonic() - previous.fetched_at < self.interval_s
+        now = self.clock()
+        recent = now - previous.fetched_at < self.interval_s
         if previous is not EMPTY_HISTORY and recent:
             return previous
         history = HistoryStore(store)
@@ -202,9 +207,9 @@ class HistorySource:
         if version is None:
             return EMPTY_HISTORY
         if version == previous.version:
-            previous.fetched_at = time.monotonic()
+            previous.fetched_at = now
             return previous
-        return HistoryView.from_entries(history.read(), version)
+        return HistoryView.from_entries(history.read(), version, now)
 
 
 class HistorySink:

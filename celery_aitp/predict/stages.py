@@ -15,6 +15,8 @@ Prediction sources, best first (``decision.prediction_source``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from celery_aitp.predict.history import EMPTY_HISTORY, HISTORY_SOURCE, HistorySource
 from celery_aitp.predict.model_source import MODEL_SOURCE, ModelSource
 from celery_aitp.publish.live_view import View
@@ -79,7 +81,9 @@ class PredictStage:
             decision.prediction_source = source
 
 
-def prediction_stages() -> dict[str, FeatureStage | PredictStage]:
-    """Both stages sharing one model source and one history source."""
-    model, history = ModelSource(), HistorySource()
+def prediction_stages(clock: Callable[[], float] | None = None
+                      ) -> dict[str, FeatureStage | PredictStage]:
+    """Both stages sharing one model source and one history source (``clock``: see
+    :class:`HistorySource`)."""
+    model, history = ModelSource(), HistorySource(clock=clock)
     return {"features": FeatureStage(model, history), "predict": PredictStage(model, history)}

@@ -6,7 +6,8 @@ capability swaps one entry (for example the LightGBM predictor for ``predict``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from celery_aitp.policy import Policy
 from celery_aitp.predict.stages import prediction_stages
@@ -20,13 +21,16 @@ from celery_aitp.publish.stages import GateStage, PublishStage, RouteStage, Tena
 STAGE_ORDER = ("tenant", "features", "predict", "profile", "priority", "route", "gate")
 
 
-def default_stages(policy: Policy, profile_refresh_s: float = 10.0) -> dict[str, PublishStage]:
-    """The stages every deployment starts with."""
+def default_stages(policy: Policy, profile_refresh_s: float = 10.0,
+                   clock: Callable[[], float] | None = None) -> dict[str, PublishStage]:
+    """The stages every deployment starts with; ``clock`` is simulated time in a replay
+    (None: the wall clock, and the monotonic one where a stage measures intervals)."""
+    wall = clock or time.time
     return {
         "tenant": TenantStage(policy),
-        **prediction_stages(),
-        "profile": ProfileStage(policy, profile_refresh_s),
-        "priority": PriorityStage(policy),
+        **prediction_stages(clock),
+        "profile": ProfileStage(policy, profile_refresh_s, wall),
+        "priority": PriorityStage(policy, wall),
         "route": RouteStage(),
         "gate": GateStage(),
     }

@@ -20,7 +20,6 @@ from celery_aitp.errors import PolicyError, StoreError
 from celery_aitp.layout import physical_groups
 from celery_aitp.middleware import store_url_for
 from celery_aitp.policy import Policy
-from celery_aitp.priority_policy import TierOrder
 from celery_aitp.queues import tier_queue_name
 from celery_aitp.worker import tier_cycle
 
@@ -161,12 +160,8 @@ class AitpWorkerStep(bootsteps.StartStopStep):
 
     def _order_strategy(self, names: list[str]) -> str:
         """The kombu queue-order strategy for the policy's ``tier_order``."""
-        policy = self.middleware.policy
-        if policy.tier_order is TierOrder.STRICT:
-            return "priority"
-        tier_cycle.configure(tier_cycle.WeightPlan(policy, names))
-        self._follow_usage = True
-        return tier_cycle.STRATEGY
+        strategy, self._follow_usage = tier_cycle.strategy_for(self.middleware.policy, names)
+        return strategy
 
     def start(self, worker: Any) -> None:
         from celery_aitp.worker.janitor import Janitor

@@ -15,6 +15,7 @@ import os
 import resource
 import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from celery import signals
@@ -70,6 +71,15 @@ def _header(request: Any) -> dict[str, Any]:
     if raw is None and isinstance(getattr(request, "headers", None), dict):
         raw = request.headers.get("aitp")
     return raw if isinstance(raw, dict) else {}
+
+
+def record_run(ledger: RunLedger, history: HistorySink, record: Mapping[str, Any]) -> None:
+    """What a worker does with a finished run besides shipping its record: the run ledger
+    (profiles, observed usage) and, for a success, the history summary. The replay
+    simulator's workers call it too."""
+    ledger.add(record)
+    if record.get("outcome") == "SUCCESS" and record.get("tenant"):
+        history.add(record["tenant"], record["task"], record["runtime_s"])
 
 
 class Observer:
@@ -128,9 +138,7 @@ class Observer:
             record.update(measures)
             mw = self.app.aitp
             mw.live.buffer(mw.store.keys.observations).add(record)
-            ledger.add(record)
-            if state == "SUCCESS" and record["tenant"]:
-                history.add(record["tenant"], record["task"], record["runtime_s"])
+            record_run(ledger, history, record)
         except Exception:  # recording must never fail a task
             self.app.aitp.counters.incr("observations_failed")
             logger.debug("aitp: could not record run of %s", task_id, exc_info=True)

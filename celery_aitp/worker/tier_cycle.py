@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery_aitp.policy import TIER_WEIGHT_RATIO, Policy
+from celery_aitp.priority_policy import TierOrder
 from celery_aitp.queues import parse_tier_queue
 
 #: The strategy's dotted name, as ``queue_order_strategy`` takes it.
@@ -85,6 +86,18 @@ def queue_weights(policy: Policy, queues: Iterable[str]) -> tuple[dict[str, floa
     """
     plan = WeightPlan(policy, queues)
     return plan.weights, plan.default
+
+
+def strategy_for(policy: Policy, queues: Iterable[str]) -> tuple[str, bool]:
+    """(kombu ``queue_order_strategy``, follows usage) for the policy's ``tier_order``.
+
+    For the weighted order this configures this process's weights; the worker's bootstep
+    and the replay simulator both choose the strategy here.
+    """
+    if policy.tier_order is TierOrder.STRICT:
+        return "priority", False
+    configure(WeightPlan(policy, queues))
+    return STRATEGY, True
 
 
 def configure(plan: WeightPlan | Mapping[str, float], default: float = 1.0) -> None:

@@ -18,6 +18,8 @@ from celery_aitp.dashboard.config import DashboardConfig
 from celery_aitp.dashboard.fleet import Fleet
 from celery_aitp.dashboard.metrics import METRICS
 from celery_aitp.policy import parse_policy
+from celery_aitp.priority_policy import FACTORS
+from celery_aitp.scheduling.usage import UsageStore, read_usage
 from celery_aitp.store import Keys, RedisStore
 from celery_aitp.stubs import MemoryQueueOps
 from tests.conftest import TEST_POLICY
@@ -39,7 +41,7 @@ def seed(store: RedisStore, ops: MemoryQueueOps) -> None:
         {"task": TASKS[0], "task_id": f"id-{i}", "tenant": "acme", "tier": "hi",
          "accelerator": "gpu", "queue": "aitp.acme.gpu.hi", "routed": True, "reason": "routed",
          "stage": "takeover", "decided_at": now - 5, "predicted_runtime_s": 0.5,
-         "factors": {"tier": 0.7, "aging": {"contribution": 0.2}, "fair_share": -0.1},
+         "factors": {"tenant": 0.7, "sla": 0.5, "age": 0.2, "impact": "bad"},
          "score": 0.8, "profile": {"memory_mb": 512}}
         for i in range(6)
     ] + [{"task": TASKS[1], "task_id": "g-1", "tenant": "globex", "tier": "mid"}]  # older shape
@@ -51,6 +53,11 @@ def seed(store: RedisStore, ops: MemoryQueueOps) -> None:
     ] + [{"task": TASKS[1], "task_id": "g-1", "tenant": "globex", "tier": "mid", "wait_s": 2.0,
           "runtime_s": 1.2, "outcome": "SUCCESS"}]
     store.append_records(store.keys.observations, runs, maxlen=1000)
+    # the scheduler's decayed usage, as producers and workers write it: globex asked for
+    # 4 tasks of 0.2 s and got 1 run, acme got all 6 of its 0.4 s: less than fair for globex
+    UsageStore(store, parse_policy(TEST_POLICY).fair_share.half_life_s).add_and_read(
+        {"p:acme": 3.0, "n:acme": 6, "o:acme": 2.4, "r:acme": 6, "p:globex": 0.8,
+         "n:globex": 4, "o:globex": 0.2, "r:globex": 1, "t:hi": 6, "t:mid": 1}, now)
     ops.queues["aitp.globex.cpu.lo"].append((now - 42.0, b"stranded"))
     ops.queues["default-q"].append((now - 3.0, b"waiting"))
 
@@ -116,15 +123,18 @@ def test_queues_mark_orphaned_and_default(client):
     assert len(rows) == 1 + 3 * 2 * 3  # default + tenants x accelerators x tiers
 
 
-def test_tenants_shares_and_fairness(client):
+def test_tenants_shares_and_fairness(client, store):
     data = client.get("/api/tenants").json()
     rows = {t["tenant"]: t for t in data["tenants"]}
     assert rows["acme"]["runs"] == 6 and rows["globex"]["runs"] == 1
     assert rows["acme"]["share"] == pytest.approx(2.4 / 3.6)
     assert rows["acme"]["fair_share"] == pytest.approx(2 / 3)  # weight 2 vs 1, default idle
     assert rows["default"]["fair_share"] is None
-    assert data["fairness_index"] == pytest.approx(1.0)
-    assert data["priority_entropy_bits"] == pytest.approx(0.5917, abs=1e-3)  # 6 hi, 1 mid
+    scheduler = read_usage(store, parse_policy(TEST_POLICY))
+    assert scheduler.jain is not None and scheduler.jain < 0.99  # globex got less than asked
+    assert data["fairness_index"] == pytest.approx(scheduler.jain, rel=1e-6)
+    assert data["priority_entropy"] == pytest.approx(scheduler.entropy, rel=1e-6)
+    assert 0 < data["priority_entropy"] < 1  # 6 hi, 1 mid, no lo
     assert rows["acme"]["wait"]["hi"]["n"] == 6
 
 
@@ -142,7 +152,15 @@ def test_task_explain_and_recent_list(client):
     assert [t["task_id"] for t in recent] == ["g-1", "id-5", "id-4"]
     data = client.get("/api/tasks/id-2").json()
     assert data["found"] and data["decision"]["queue"] == "aitp.acme.gpu.hi"
-    assert [f["name"] for f in data["factors"]] == ["tier", "aging", "fair_share"]
+    # the same breakdown as `celery aitp explain`: recorded numeric factors, policy order,
+    # each with its weight and contribution
+    assert [f["factor"] for f in data["factors"]] == ["tenant", "sla", "age"]
+    weights = parse_policy(TEST_POLICY).priority.weights
+    total = sum(getattr(weights, name) for name in FACTORS)
+    tenant = data["factors"][0]
+    assert tenant["weight"] == weights.tenant
+    assert tenant["contribution"] == pytest.approx(weights.tenant * 0.7 / total)
+    assert "window" in data["note"]  # no decision log given: explained from the window
     assert data["prediction"]["error_s"] == pytest.approx(0.1)
     assert data["sla"] == {"tier": "hi", "sla_s": 1.0, "met": False}  # waited 2.5 s
     older = client.get("/api/tasks/g-1").json()

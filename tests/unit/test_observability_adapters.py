@@ -73,7 +73,7 @@ def test_grafana_dashboard_is_importable_and_uses_exported_metrics(store):
     for family in ("aitp_decisions_total", "aitp_queue_depth", "aitp_queue_oldest_age_seconds",
                    "aitp_queue_wait_seconds_bucket", "aitp_run_seconds_bucket",
                    "aitp_prediction_error_seconds", "aitp_sla_misses_total",
-                   "aitp_tenant_share", "aitp_fairness_index", "aitp_priority_entropy_bits",
+                   "aitp_tenant_share", "aitp_fairness_index", "aitp_priority_entropy",
                    "aitp_model_info"):
         assert family in used, family
 

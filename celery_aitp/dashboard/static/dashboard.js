@@ -85,8 +85,8 @@
 
   function tenants(d) {
     set("fairness-value", d.fairness_index === null ? "–" : d.fairness_index.toFixed(3));
-    set("entropy-value", d.priority_entropy_bits === null ? "–" : d.priority_entropy_bits.toFixed(2));
-    set("entropy-sub", "bits; normalised " + (d.priority_entropy_normalised === null ? "–" : d.priority_entropy_normalised.toFixed(2)));
+    set("entropy-value", d.priority_entropy === null ? "–" : d.priority_entropy.toFixed(2));
+    set("entropy-sub", "0 = one tier for all, 1 = tiers used evenly" + (d.demoted.length ? "; demoted: " + d.demoted.join(", ") : ""));
     set("window-value", fmt(d.window_s) + " s");
     var rows = d.tenants.filter(function (t) { return t.known || t.runs; });
     C.groupedBars($("share-chart"), rows.map(function (t) { return t.tenant; }), [
@@ -206,9 +206,11 @@
       (p.predicted_p90_s !== null ? " · p90 " + fmt(p.predicted_p90_s) + " s" : ""));
     set("wait-value", secs(run.wait_s));
     set("wait-sub", d.sla.sla_s !== null ? "SLA " + fmt(d.sla.sla_s) + " s: " + (d.sla.met === null ? "not run yet" : (d.sla.met ? "met" : "missed")) : "");
-    set("score-hint", d.score !== null ? "score " + fmt(d.score) : "");
-    C.hbars($("factors-chart"), d.factors.filter(function (f) { return f.value !== null; }).map(function (f) {
-      return { label: f.name, value: Math.abs(f.value), color: f.value < 0 ? COLORS.error : "#2f6fb2", title: f.name + ": " + fmt(f.value) };
+    set("score-hint", d.score !== null ? "score " + fmt(d.score) + (d.tier_story ? " · " + d.tier_story : "") : "");
+    C.hbars($("factors-chart"), d.factors.map(function (f) {
+      var c = f.contribution !== null ? f.contribution : f.value;
+      return { label: f.factor, value: Math.abs(c), color: c < 0 ? COLORS.error : "#2f6fb2",
+        title: f.factor + ": value " + fmt(f.value) + " × weight " + fmt(f.weight) + " → " + fmt(c) };
     }), { empty: "no priority factors recorded (declared tier only)" });
     C.hbars($("runtime-chart"), [{ label: "predicted", value: p.predicted_runtime_s || 0, color: "#2f6fb2" },
       { label: "actual", value: p.actual_runtime_s || 0, color: "#2e9e6e" }].filter(function (r) { return r.value; }),
@@ -216,7 +218,9 @@
     var rows = [];
     Object.keys(d.decision || {}).forEach(function (k) { rows.push([k, d.decision[k]]); });
     if (d.profile) rows.push(["profile", JSON.stringify(d.profile)]);
-    d.factors.forEach(function (f) { rows.push(["factor " + f.name, f.value !== null ? fmt(f.value) : JSON.stringify(f.detail)]); });
+    d.factors.forEach(function (f) { rows.push(["factor " + f.factor, fmt(f.value) + " × " + fmt(f.weight) + " = " + fmt(f.contribution)]); });
+    if (d.tier_story) rows.push(["tier steps", d.tier_story]);
+    if (d.note) rows.push(["note", d.note]);
     Object.keys(d.run || {}).forEach(function (k) { rows.push(["run " + k, run[k]]); });
     fill("decision-table", rows.map(function (r) {
       return node("tr", { "data-key": r[0] }, [node("th", { text: r[0] }), cell(typeof r[1] === "object" && r[1] !== null ? JSON.stringify(r[1]) : r[1])]);

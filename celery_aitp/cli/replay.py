@@ -1,0 +1,256 @@
+"""``celery -A proj aitp replay`` and ``celery-aitp replay``: try a policy on recorded runs.
+
+Replays observation records (the store's ``obs`` stream, or a JSON-lines file) in a
+deterministic discrete-event simulation under each policy, plain FIFO and the oracle;
+prints waits, slowdown, SLA hits and fairness per tier and tenant, and writes a
+self-contained HTML report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from celery_aitp.cli.output import console, fail, table
+from celery_aitp.errors import AitpError
+from celery_aitp.replay.metrics import RunStats, Target
+from celery_aitp.replay.report import RunSeries, html_report
+from celery_aitp.replay.routers import Declarations, recorded_declarations
+from celery_aitp.replay.runner import (
+    DEFAULT_OVERHEAD_S,
+    PolicyUnderTest,
+    Replay,
+    ReplayConfig,
+    ReplayResult,
+    estimate_overhead,
+    infer_slots,
+    parse_slots,
+)
+from celery_aitp.replay.trace import Trace, from_records, load_jsonl
+
+
+def print_stats(stats: Sequence[RunStats], found: Sequence[Target]) -> None:
+    """The table shared by the replay and the scheduling benchmark."""
+    console.width = max(console.width, 110)
+    rows = []
+    for st in stats:
+        for g in st.groups:
+            hit = "" if g.sla_hit is None else f"{100 * g.sla_hit:.1f}%"
+            rows.append((st.run, "all" if g.kind == "all" else f"{g.kind} {g.name}", g.tasks,
+                         g.wait_p50_s, g.wait_p95_s, g.wait_max_s, g.mean_slowdown, hit))
+    table("waits (seconds), bounded slowdown, SLA hits",
+          ["run", "group", "tasks", "wait p50", "wait p95", "wait max", "mean slowdown",
+           "SLA hit"], rows)
+    table("per run", ["run", "Jain's index (tenant slowdowns)", "tasks lost"],
+          [(st.run, st.jain, st.lost) for st in stats])
+    for t in found:
+        verdict = "[green]met[/green]" if t.met else "[red]not met[/red]"
+        console.print(f"{t.name}: {t.value:.3f} (target <= {t.limit:g}) {verdict}")
+
+
+def series_of(result: ReplayResult, count_from: float | None = None) -> list[RunSeries]:
+    """The runs for the plots (only the runs that count, after any warm-up)."""
+    first = result.runs[0].outcome
+    published = result.trace.published
+    keep = [i for i in range(len(published)) if count_from is None or published[i] >= count_from]
+    tiers = [first.label_of(i) for i in keep]
+    return [RunSeries(r.name, [published[i] for i in keep], [r.outcome.started[i] for i in keep],
+                      tiers) for r in result.runs]
+
+
+def report_meta(result: ReplayResult, source: str, config: ReplayConfig) -> list[str]:
+    trace = result.trace
+    slots = ", ".join(f"{a}={n}" for a, n in result.slots.items())
+    meta = [f"trace: {source}: {len(trace)} runs over {trace.span_s:.0f}s; "
+            f"{trace.skipped_summary()}",
+            f"simulated workers (slots per accelerator class): {slots}; consumption "
+            f"'{config.strategy}'; overhead per run {_overhead_text(config)}",
+            "tiers: every run is grouped by the tier the first policy gives each task"]
+    if config.count_from is not None:
+        skipped = sum(1 for p in trace.published if p < config.count_from)
+        meta.append(f"warm-up: the first {config.count_from - trace.published[0]:.0f}s "
+                    f"({skipped} runs) simulated, not counted")
+    for run in result.runs:
+        if run.reasons:
+            reasons = ", ".join(f"{k} {v}" for k, v in sorted(run.reasons.items()))
+            sources = ", ".join(f"{k} {v}" for k, v in sorted(run.predictions.items()))
+            meta.append(f"{run.name} decisions: {reasons}; predicted by: {sources}")
+    return meta
+
+
+def _overhead_text(config: ReplayConfig) -> str:
+    per = ", ".join(f"{a} {config.class_overhead_s.get(a, config.overhead_s) * 1000:.2f} ms"
+                    for a in config.slots)
+    return per + (" (measured from the trace)" if config.class_overhead_s else "")
+
+
+def execute(trace: Trace, source: str, tests: list[PolicyUnderTest], config: ReplayConfig,
+            report: Path) -> ReplayResult:
+    """Run the replay, print the tables and write the report."""
+    started = time.monotonic()
+    result = Replay(trace, config).run(tests)
+    print_stats([r.stats for r in result.runs], result.targets)
+    meta = report_meta(result, source, config)
+    tier_order = result.tier_order
+    report.write_text(html_report("celery_aitp replay", meta, [r.stats for r in result.runs],
+                                  result.targets, series_of(result, config.count_from),
+                                  tier_order))
+    console.print(f"{meta[0]}\nreport: {report} ({time.monotonic() - started:.1f}s)")
+    return result
+
+
+def replay_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options both entry points share."""
+    options = [
+        click.option("--vs", "versus", multiple=True, type=click.Path(dir_okay=False),
+                     help="Another policy file to compare (repeatable)."),
+        click.option("--workers", default=None,
+                     help="Slots per accelerator class, e.g. cpu=4,gpu=1 (default: as "
+                          "recorded: the most runs that overlapped per class)."),
+        click.option("--consumption", default="policy", show_default=True,
+                     help="Workers' queue order: 'policy' (as the policy's tier_order makes "
+                          "workers read), or a kombu strategy name or module:Class."),
+        click.option("--overhead-ms", default="auto", show_default=True,
+                     help="Slot time per run beyond its runtime (ack, next fetch), in ms; "
+                          f"'auto': measured from the trace per class (else "
+                          f"{DEFAULT_OVERHEAD_S * 1000:g})."),
+        click.option("--count-from-s", "count_from_s", default=0.0, show_default=True,
+                     help="Simulate but do not count runs published in the first SECONDS of "
+                          "the trace (a warm-up while fair-share usage and profiles build)."),
+        click.option("--report", "report", default="aitp-replay.html", show_default=True,
+                     type=click.Path(dir_okay=False, path_type=Path), help="HTML report path."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def config_for(trace: Trace, workers: str | None, consumption: str, overhead_ms: str,
+               declarations: Declarations, default_queue: str = "celery",
+               default_accelerator: str = "cpu", count_from_s: float = 0.0) -> ReplayConfig:
+    from kombu.utils.scheduling import cycle_by_name
+
+    try:
+        slots = parse_slots(workers) if workers else infer_slots(trace, default_accelerator)
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        if consumption != "policy":
+            cycle_by_name(consumption)
+    except (ImportError, AttributeError, ValueError):
+        fail(f"--consumption: {consumption!r} is neither 'policy', a kombu queue order "
+             "strategy (priority, round_robin, sorted) nor an importable module:Class")
+    overhead_s, per_class = _overheads(trace, overhead_ms, default_accelerator)
+    if count_from_s < 0 or count_from_s > trace.span_s:
+        fail(f"--count-from-s: must be >= 0 and within the trace ({trace.span_s:.0f}s)")
+    return ReplayConfig(slots=slots, default_queue=default_queue, overhead_s=overhead_s,
+                        class_overhead_s=per_class, strategy=consumption,
+                        declarations=declarations,
+                        count_from=trace.published[0] + count_from_s if count_from_s else None)
+
+
+def _overheads(trace: Trace, text: str, default_accelerator: str
+               ) -> tuple[float, dict[str, float]]:
+    """(default, per class) slot overhead in seconds from ``--overhead-ms``."""
+    if text.strip().lower() == "auto":
+        return DEFAULT_OVERHEAD_S, estimate_overhead(trace, default_accelerator)
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        fail(f"--overhead-ms: {text!r} is neither 'auto' nor a number of ms >= 0")
+    return value / 1000, {}
+
+
+def _load(path: str) -> Trace:
+    try:
+        trace = load_jsonl(path)
+    except OSError as exc:
+        fail(f"{path}: cannot read trace ({exc.strerror})")
+    if not len(trace):
+        fail(f"{path}: no replayable records ({trace.skipped_summary()})")
+    return trace
+
+
+@click.command("replay")
+@click.argument("trace", required=False, type=click.Path(dir_okay=False))
+@click.option("--policy", "policy", default=None, type=click.Path(dir_okay=False),
+              help="Policy file to try (default: the app's policy and pipeline).")
+@replay_options
+@click.pass_context
+def command(ctx: click.Context, trace: str | None, policy: str | None, versus: tuple[str, ...],
+            workers: str | None, consumption: str, overhead_ms: str, count_from_s: float,
+            report: Path) -> None:
+    """Replay TRACE (a JSON-lines file; default: the store's observations) under a policy."""
+    from celery_aitp.cli.celery_command import middleware_of
+    from celery_aitp.replay.app import (
+        app_declarations,
+        app_model,
+        embedded_stores,
+        policies_for_app,
+    )
+
+    mw = middleware_of(ctx)
+    try:
+        if trace:
+            loaded, source = _load(trace), trace
+        else:
+            loaded = from_records(mw.store.read_records(mw.store.keys.observations))
+            source = "the store's observations"
+        tests = policies_for_app(mw, [p for p in (policy, *versus) if p])
+    except AitpError as exc:
+        fail(str(exc))
+    if not len(loaded):
+        fail(f"{source}: no replayable records ({loaded.skipped_summary()})")
+    config = config_for(loaded, workers, consumption, overhead_ms, app_declarations(mw),
+                        str(mw.app.conf.task_default_queue), mw.policy.default_accelerator,
+                        count_from_s)
+    model = app_model(mw)
+    console.print(f"runtime model: {model.version if model else 'none (cold start)'}")
+    with embedded_stores(model=model) as stores:
+        config.store_factory = stores
+        execute(loaded, source, tests, config, report)
+
+
+@click.command("replay")
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--policy", "policy", required=True, type=click.Path(dir_okay=False),
+              help="Policy file to try.")
+@click.option("--model", "model_dir", default=None, type=click.Path(file_okay=False),
+              help="Runtime model directory (from `celery-aitp train --out`); default: none, "
+                   "predictions start cold from the replayed runs' history.")
+@replay_options
+def offline_command(trace: str, policy: str, model_dir: str | None, versus: tuple[str, ...],
+                    workers: str | None, consumption: str, overhead_ms: str,
+                    count_from_s: float, report: Path) -> None:
+    """Replay TRACE (observation records, JSON lines) under a policy, FIFO and the oracle.
+
+    Without an app the tasks' declarations are unknown: each record's accelerator and
+    tier are taken as declared.
+    """
+    from celery_aitp.replay.app import embedded_stores, policies_from_files
+
+    loaded = _load(trace)
+    try:
+        tests = policies_from_files([policy, *versus])
+    except AitpError as exc:
+        fail(str(exc))
+    config = config_for(loaded, workers, consumption, overhead_ms, recorded_declarations,
+                        default_accelerator=tests[0].policy.default_accelerator,
+                        count_from_s=count_from_s)
+    model = None
+    if model_dir:
+        from celery_aitp.predict.bundle import ModelBundle
+
+        try:
+            model = ModelBundle.read(model_dir)
+        except AitpError as exc:
+            fail(f"--model: {exc}")
+    with embedded_stores(model=model) as stores:
+        config.store_factory = stores
+        execute(loaded, trace, tests, config, report)

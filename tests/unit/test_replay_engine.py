@@ -1,0 +1,105 @@
+"""The replay simulator's core semantics: consumption order, slots, ties, determinism."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from celery_aitp.replay.engine import Engine, SimWorker, priority_step
+
+
+def fixed(queues: dict[int, str], priorities: dict[int, int] | None = None):
+    """A router sending task i to queues[i] (label = queue name)."""
+    priorities = priorities or {}
+    return lambda i, now: (queues[i], priorities.get(i, 0), queues[i])
+
+
+def run(workers, published, runtime, route, overhead=0.0):
+    return Engine(workers, overhead).run(published, runtime, route)
+
+
+def test_one_slot_serves_the_highest_queue_first_then_fifo():
+    # task 0 occupies the only slot; 1..4 queue up; the worker reads hi before lo
+    worker = SimWorker("w", "cpu", ["hi", "lo"], slots=1)
+    queues = {0: "lo", 1: "lo", 2: "hi", 3: "lo", 4: "hi"}
+    out = run([worker], [0.0, 0.1, 0.2, 0.3, 0.4], [1.0] * 5, fixed(queues))
+    order = sorted(range(5), key=lambda i: out.started[i])
+    assert order == [0, 2, 4, 1, 3]
+    assert out.started == [0.0, 3.0, 1.0, 4.0, 2.0]
+
+
+def test_a_slot_takes_a_message_only_when_free():
+    worker = SimWorker("w", "cpu", ["q"], slots=2)
+    out = run([worker], [0.0, 0.0, 0.0], [1.0, 3.0, 1.0], fixed({0: "q", 1: "q", 2: "q"}))
+    assert out.started == [0.0, 0.0, 1.0]  # the third waits for the first free slot
+    assert out.makespan_s == 3.0
+
+
+def test_overhead_keeps_the_slot_busy_after_the_run():
+    worker = SimWorker("w", "cpu", ["q"], slots=1)
+    out = run([worker], [0.0, 0.0], [1.0, 1.0], fixed({0: "q", 1: "q"}), overhead=0.25)
+    assert out.started == [0.0, 1.25]
+
+
+def test_message_priority_steps_come_before_queue_order_as_on_redis():
+    # kombu reads every queue's step-0 list before any step-3 list: a lo message at
+    # priority 0 beats a hi message at priority 3
+    assert [priority_step(p) for p in (-1, 0, 2, 3, 5, 6, 9, 12)] == [0, 0, 0, 3, 3, 6, 9, 9]
+    worker = SimWorker("w", "cpu", ["hi", "lo"], slots=1)
+    queues = {0: "hi", 1: "hi", 2: "lo"}
+    out = run([worker], [0.0, 0.1, 0.2], [1.0] * 3, fixed(queues, {1: 3}))
+    assert out.started[2] < out.started[1]
+
+
+def test_round_robin_strategy_rotates_between_queues():
+    worker = SimWorker("w", "cpu", ["a", "b"], slots=1, strategy="round_robin")
+    queues = {0: "a", 1: "a", 2: "a", 3: "b", 4: "b"}
+    out = run([worker], [0.0, 0.1, 0.2, 0.3, 0.4], [1.0] * 5, fixed(queues))
+    order = sorted(range(5), key=lambda i: out.started[i])
+    assert [queues[i] for i in order] == ["a", "b", "a", "b", "a"]
+
+
+def test_an_arrival_goes_to_the_idle_worker_blocked_longest():
+    w1 = SimWorker("w1", "cpu", ["q"], slots=1)
+    w2 = SimWorker("w2", "cpu", ["q"], slots=1)
+    # task 0 runs on w1 (first idle), task 1 on w2; w2 frees at 1.5, w1 at 2.0, so at
+    # 3.0 w2 has been waiting longer and takes task 2
+    out = run([w1, w2], [0.0, 0.5, 3.0, 3.0], [2.0, 1.0, 5.0, 5.0],
+              fixed({0: "q", 1: "q", 2: "q", 3: "q"}))
+    assert out.started == [0.0, 0.5, 3.0, 3.0]
+    assert out.worker == [0, 1, 1, 0]
+
+
+def test_a_queue_nobody_reads_strands_its_tasks():
+    worker = SimWorker("w", "cpu", ["q"], slots=1)
+    out = run([worker], [0.0, 1.0], [1.0, 1.0], fixed({0: "q", 1: "nobody"}))
+    assert out.stranded == [1] and math.isnan(out.started[1])
+
+
+def test_workers_read_only_their_own_queues():
+    cpu = SimWorker("cpu", "cpu", ["c"], slots=1)
+    gpu = SimWorker("gpu", "gpu", ["g"], slots=1)
+    out = run([cpu, gpu], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], fixed({0: "c", 1: "c", 2: "g"}))
+    assert out.started == [0.0, 1.0, 0.0]
+
+
+def test_same_input_same_output():
+    import random
+
+    rng = random.Random(3)
+    published = sorted(rng.uniform(0, 50) for _ in range(2000))
+    runtime = [rng.expovariate(5) for _ in published]
+    queues = {i: rng.choice(["hi", "mid", "lo"]) for i in range(2000)}
+    workers = [SimWorker("a", "cpu", ["hi", "mid", "lo"], 3),
+               SimWorker("b", "cpu", ["hi", "mid", "lo"], 2)]
+    first = run(workers, published, runtime, fixed(queues))
+    second = run(workers, published, runtime, fixed(queues))
+    assert first.started == second.started and first.label_names == second.label_names
+
+
+def test_bad_workers_are_refused():
+    with pytest.raises(ValueError, match="slots must be at least 1"):
+        SimWorker("w", "cpu", ["q"], slots=0)
+    with pytest.raises(ValueError, match="at least one"):
+        Engine([])

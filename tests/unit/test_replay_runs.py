@@ -1,0 +1,253 @@
+"""Replays decide with the product's real pipeline; FIFO and the oracle on the same trace."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from celery_aitp.policy import parse_policy
+from celery_aitp.publish.pipeline import Pipeline, default_stages
+from celery_aitp.publish.request import Request
+from celery_aitp.replay.routers import ORACLE_HEADER, OraclePredictStage
+from celery_aitp.replay.runner import (
+    PolicyUnderTest,
+    Replay,
+    ReplayConfig,
+    infer_slots,
+    parse_slots,
+)
+from celery_aitp.replay.trace import from_records
+from tests.conftest import TEST_POLICY
+
+POLICY = parse_policy(TEST_POLICY)
+
+
+def rec(task: str, tenant: str | None, at: float, runtime: float, tier: str = "hi",
+        accelerator: str = "cpu", **extra):
+    return {"task": task, "tenant": tenant, "published_at": 1000.0 + at, "runtime_s": runtime,
+            "tier": tier, "accelerator": accelerator, "args": [], "kwargs": {}, **extra}
+
+
+def replay(records, slots=None, tests=None, **config):
+    trace = from_records(records)
+    tests = tests or [PolicyUnderTest("p", POLICY, lambda clock: Pipeline(default_stages(POLICY)))]
+    return Replay(trace, ReplayConfig(slots=slots or {"cpu": 1}, overhead_s=0.0, **config)
+                  ).run(tests)
+
+
+def waits(result, run):
+    out = result.run(run).outcome
+    return [out.started[i] - result.trace.published[i] for i in range(len(result.trace))]
+
+
+def test_policy_serves_the_top_tier_first_where_fifo_does_not():
+    # one slot; a long lo task runs, then lo and hi tasks queue behind it
+    records = [rec("batch", "globex", 0.0, 10.0, tier="lo"),
+               rec("batch", "globex", 1.0, 1.0, tier="lo"),
+               rec("urgent", "acme", 2.0, 1.0, tier="hi")]
+    result = replay(records)
+    assert waits(result, "p") == [0.0, 10.0, 8.0]     # hi jumps the queue
+    assert waits(result, "fifo") == [0.0, 9.0, 9.0]   # FIFO: in arrival order
+    assert result.run("p").reasons == {"routed": 3}
+    assert [g.tasks for g in result.run("fifo").stats.groups if g.kind == "tier"] == [1, 2]
+
+
+def test_the_tenant_cap_of_the_policy_applies_in_replay():
+    # globex may use at most 'mid': its declared 'hi' task is decided 'mid' by the pipeline
+    records = [rec("t", "globex", 0.0, 1.0, tier="hi"), rec("t", "nobody", 0.0, 1.0)]
+    result = replay(records)
+    out = result.run("p").outcome
+    assert [out.label_of(0), out.label_of(1)] == ["mid", "lo"]  # unknown tenant -> default
+    assert out.queues == ["aitp.globex.cpu.mid", "aitp.default.cpu.lo"]
+
+
+def test_a_swapped_stage_is_followed():
+    class Everything:
+        """A priority stage that puts every task in the lowest tier."""
+
+        name = "priority"
+
+        def __call__(self, request, decision, view):
+            decision.tier = "lo"
+
+    pipeline = Pipeline(default_stages(POLICY)).replace("priority", Everything())
+    records = [rec("t", "acme", 0.0, 1.0, tier="hi")]
+    result = replay(records, tests=[PolicyUnderTest("p", POLICY, lambda clock: pipeline)])
+    assert result.run("p").outcome.queues == ["aitp.acme.cpu.lo"]
+
+
+def test_accelerator_tasks_go_to_their_class_and_unserved_classes_fall_back():
+    records = [rec("render", "acme", 0.0, 1.0, accelerator="gpu"),
+               rec("plain", "acme", 0.0, 1.0)]
+    result = replay(records, slots={"cpu": 1, "gpu": 1})
+    assert result.run("p").outcome.queues == ["aitp.acme.gpu.hi", "aitp.acme.cpu.hi"]
+    cpu_only = replay(records, slots={"cpu": 1})
+    out = cpu_only.run("p").outcome
+    assert out.queues[0] == "celery"  # no live gpu worker: Celery's default queue
+    assert cpu_only.run("p").reasons == {"no_live_worker": 1, "routed": 1}
+    assert cpu_only.run("fifo").stats.lost == 1  # plain FIFO strands it: no gpu queue reader
+
+
+def test_oracle_stage_reads_the_true_runtime_and_ignores_bad_values():
+    stage = OraclePredictStage()
+    for value, expected in ((2.5, 2.5), ("2", None), (math.nan, None), (-1, None),
+                            (True, None)):
+        from celery_aitp.publish.request import Decision
+
+        decision = Decision("takeover", 0.0)
+        stage(Request("t", "id", headers={ORACLE_HEADER: value}), decision, None)  # type: ignore[arg-type]
+        assert decision.predicted_runtime_s == expected
+        assert decision.prediction_source == ("oracle" if expected is not None else None)
+
+
+def test_the_oracle_run_gets_true_runtimes():
+    seen = []
+
+    class Spy:
+        name = "priority"
+
+        def __call__(self, request, decision, view):
+            seen.append(decision.predicted_runtime_s)
+            decision.tier = "hi"
+
+    pipeline = Pipeline(default_stages(POLICY)).replace("priority", Spy())
+    replay([rec("t", "acme", 0.0, 1.5), rec("t", "acme", 1.0, 0.5)],
+           tests=[PolicyUnderTest("p", POLICY, lambda clock: pipeline)])
+    assert seen == [None, None, 1.5, 0.5]  # the policy run, then the oracle run
+
+
+def test_slots_are_parsed_or_inferred():
+    assert parse_slots("cpu=4, gpu=1") == {"cpu": 4, "gpu": 1}
+    for bad in ("cpu", "cpu=0", "cpu=x", "=2", ""):
+        with pytest.raises(ValueError, match="--workers"):
+            parse_slots(bad)
+    trace = from_records([rec("t", "a", 0, 2.0, started_at=1000.0),
+                          rec("t", "a", 0, 2.0, started_at=1001.0),
+                          rec("t", "a", 0, 1.0, started_at=1003.5),
+                          rec("t", "a", 0, 1.0, accelerator="gpu", started_at=1000.0)])
+    assert infer_slots(trace) == {"cpu": 2, "gpu": 1}
+    with pytest.raises(ValueError, match="started_at"):
+        infer_slots(from_records([rec("t", "a", 0, 1.0)]))
+
+
+def test_overhead_is_measured_from_the_trace():
+    from celery_aitp.replay.runner import estimate_overhead
+
+    # one slot, a backlog: each run starts 3 ms after the previous one ended
+    records, start = [], 1000.0
+    for _ in range(30):
+        records.append(rec("t", "acme", 0.0, 0.5, started_at=start))
+        start += 0.5 + 0.003
+    estimate = estimate_overhead(from_records(records))
+    assert set(estimate) == {"cpu"} and estimate["cpu"] == pytest.approx(0.003)
+    assert estimate_overhead(from_records(records[:10])) == {}  # too few samples
+    assert estimate_overhead(from_records([rec("t", "a", 0, 1.0)])) == {}  # no started_at
+
+
+def test_replay_is_deterministic():
+    import random
+
+    rng = random.Random(5)
+    records = [rec(rng.choice(["a", "b"]), rng.choice(["acme", "globex", None]),
+                   rng.uniform(0, 30), rng.expovariate(4), tier=rng.choice(["hi", "mid", "lo"]))
+               for _ in range(500)]
+    first, second = replay(records, slots={"cpu": 2}), replay(records, slots={"cpu": 2})
+    for a, b in zip(first.runs, second.runs, strict=True):
+        assert a.outcome.started == b.outcome.started
+        assert a.stats == b.stats
+
+
+def test_stages_on_the_simulated_clock_see_simulated_time():
+    seen = []
+
+    class Clocked:
+        name = "priority"
+
+        def __init__(self, clock):
+            self.clock = clock
+
+        def __call__(self, request, decision, view):
+            seen.append((self.clock(), decision.decided_at))
+            decision.tier = "hi"
+
+    def build(clock):
+        return Pipeline(default_stages(POLICY)).replace("priority", Clocked(clock))
+
+    replay([rec("t", "acme", 0.0, 5.0), rec("t", "acme", 2.0, 1.0)],
+           tests=[PolicyUnderTest("p", POLICY, build)])
+    assert seen == [(1000.0, 1000.0), (1002.0, 1002.0)] * 2  # policy run, then oracle run
+
+
+def test_the_apps_swapped_stages_are_replayed(app):
+    from celery_aitp.replay.app import app_pipeline_factory
+
+    class AllLow:
+        name = "priority"
+
+        def __call__(self, request, decision, view):
+            decision.tier = "lo"
+
+    swapped = AllLow()
+    app.aitp.use_stage("priority", swapped)
+    build = app_pipeline_factory(app.aitp)
+    first, second = build(None), build(None)
+    assert swapped in first.stages and swapped in second.stages
+    tenant = next(s for s in first.stages if s.name == "tenant")
+    assert tenant is not next(s for s in second.stages if s.name == "tenant")  # fresh
+
+
+def _backlog(tier_order: str):
+    """One slot; a long run, then 20 hi tasks and one lo task queue up behind it."""
+    policy = parse_policy({**TEST_POLICY, "tier_order": tier_order})
+    records = [rec("long", "acme", 0.0, 5.0, tier="hi")]
+    records += [rec("urgent", "acme", 0.1 + i * 0.01, 1.0, tier="hi") for i in range(20)]
+    records.append(rec("batch", "default", 0.5, 1.0, tier="lo"))
+    result = replay(records, tests=[PolicyUnderTest("p", policy, lambda clock: Pipeline(
+        default_stages(policy, clock=clock)))])
+    return result.run("p").outcome.started[-1] - result.trace.published[-1]
+
+
+def test_consumption_follows_the_policys_tier_order():
+    # strict: the lo task waits for every hi task; weighted: it gets its guaranteed share
+    assert _backlog("strict") == pytest.approx(4.5 + 20.0)
+    assert _backlog("weighted") < 4.5 + 10.0
+
+
+def test_fair_share_state_flows_through_the_real_sources_and_ledger():
+    import fakeredis
+
+    from celery_aitp.replay.app import pipeline_factory
+    from celery_aitp.store import Keys, RedisStore
+
+    policy = parse_policy({**TEST_POLICY, "tenants": {"acme": {}, "globex": {},
+                                                      "default": {}}})
+    stores = []
+
+    def factory():
+        stores.append(RedisStore(fakeredis.FakeRedis(), Keys(f"sim{len(stores)}")))
+        return stores[-1]
+
+    # globex floods; from t=30 acme sends one task a second (enough to count as active,
+    # at least 1% of the usage): globex is then above its share
+    records = [rec("flood", "globex", i * 0.2, 2.0, tier="mid", cpu_s=1.0) for i in range(300)]
+    records += [rec("quiet", "acme", 30.0 + i, 1.0, tier="mid", cpu_s=0.5) for i in range(20)]
+    result = replay(records, slots={"cpu": 2}, store_factory=factory,
+                    tests=[PolicyUnderTest("p", policy, pipeline_factory(policy))])
+    out = result.run("p").outcome
+    late_flood = {out.label_of(i) for i, r in enumerate(result.trace.records)
+                  if r["tenant"] == "globex" and r["published_at"] > 1035}
+    early_flood = {out.label_of(i) for i, r in enumerate(result.trace.records)
+                   if r["tenant"] == "globex" and r["published_at"] < 1030}
+    quiet = {out.label_of(i) for i, r in enumerate(result.trace.records)
+             if r["tenant"] == "acme"}
+    assert early_flood == {"mid"}  # alone, a tenant is never above its share
+    assert late_flood == {"lo"} and quiet == {"mid"}  # then the flooder is demoted one tier
+    usage = stores[0].client.hgetall(stores[0].keys.any("usage"))
+    assert any(k.startswith(b"o:globex") for k in usage)  # observed usage from the ledger
+    assert stores[0].client.xlen(stores[0].keys.observations) == len(records)
+    # the workers' history summary feeds the cold-start predictions of later decisions
+    assert stores[0].client.hlen(stores[0].keys.any("history")) == 2
+    predicted = result.run("p").predictions
+    assert predicted.get("history", 0) > 250 and sum(predicted.values()) == len(records)
+    assert result.run("oracle").predictions == {"oracle": len(records)}
