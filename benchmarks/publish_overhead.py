@@ -28,6 +28,7 @@ import common  # noqa: E402
 from celery import Celery  # noqa: E402
 
 import celery_aitp  # noqa: E402
+from celery_aitp.layout import physical_groups  # noqa: E402
 from celery_aitp.queues import all_tier_queues  # noqa: E402
 
 TASKS = ("media.resize", "reports.build", "ml.fit", "etl.batch", "mail.send", "geo.route")
@@ -125,7 +126,9 @@ def run_broker(label: str, broker: str, store_url: str, args: argparse.Namespace
                 for i, (name, stage, model) in enumerate(plan)]
     for variant in variants:
         variant.prepare(queues, bundle, history)
-    all_queues = [f"bench-{run}", *queues]
+    # where those tier queues wait on this broker (RabbitMQ: one per tenant and accelerator)
+    layout = next(v.middleware.layout for v in variants if v.middleware is not None)
+    all_queues = [f"bench-{run}", *dict.fromkeys([*queues, *physical_groups(layout, queues)])]
     try:
         for variant in variants:  # warm-up: connections, declarations, caches
             variant.publish(messages[:100])

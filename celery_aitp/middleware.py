@@ -18,6 +18,7 @@ from typing import Any
 from kombu import Queue
 
 from celery_aitp.errors import PolicyError
+from celery_aitp.layout import Layout, layout_for
 from celery_aitp.policy import Policy
 from celery_aitp.policy_history import PolicyRecorder, describe_source
 from celery_aitp.publish.hook import AUTO_ROUTE
@@ -25,12 +26,13 @@ from celery_aitp.publish.live_view import LiveView
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.publish.request import Decision, Request
 from celery_aitp.publish.stages import GATED_REASONS
-from celery_aitp.queues import is_tier_queue, tier_queue
+from celery_aitp.queues import parse_tier_queue
 from celery_aitp.settings import Settings, resolve_settings
 from celery_aitp.store import Keys, RedisStore, connect
 from celery_aitp.store.decision_log import DecisionLog
 from celery_aitp.telemetry.buffer import RecordBuffer
 from celery_aitp.telemetry.counters import Counters
+from celery_aitp.worker.running import current_tenant
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ class Middleware:
         self._declared: dict[str, Mapping[str, Any]] = {}
         self._queues: dict[str, Queue] = {}
         self._lock = threading.Lock()
+        self._config_error_reported = False
 
     # --- lazily built parts -------------------------------------------------------
 
@@ -151,13 +154,31 @@ class Middleware:
     def default_queue(self) -> str:
         return str(self.app.conf.task_default_queue)
 
+    @cached_property
+    def broker_driver(self) -> str:
+        """The broker transport's driver type ('redis', 'amqp', 'memory', ...); no I/O."""
+        return transport_driver(self.app)
+
+    @cached_property
+    def layout(self) -> Layout:
+        """How logical tier queues map onto broker queues (see :mod:`celery_aitp.layout`)."""
+        return layout_for(self.broker_driver, self.policy.tier_names)
+
     def queue(self, name: str) -> Queue:
-        """The (cached) kombu Queue for a tier queue, declared as workers declare it."""
+        """The (cached) kombu Queue holding logical or physical tier queue ``name``.
+
+        Declared exactly as workers declare it.
+        """
         q = self._queues.get(name)
         if q is None:
-            q = tier_queue(name, self.default_queue, self.app.conf.task_queue_max_priority)
+            q = self.layout.declaration(self.layout.physical(name))
             self._queues[name] = q
         return q
+
+    def physical_is_live(self, physical: str, live: frozenset[str]) -> bool:
+        """Whether some live worker serves a tier queue held in broker queue ``physical``."""
+        layout = self.layout
+        return physical in live or any(layout.physical(q) == physical for q in live)
 
     def declared(self, task_name: str) -> Mapping[str, Any]:
         """The task's ``aitp={...}`` declaration, validated once per task name."""
@@ -181,6 +202,10 @@ class Middleware:
         now = time.time()
         try:
             decision = self._decide(name, message, options, auto, now)
+        except PolicyError as exc:  # misconfigured (e.g. no store URL with RabbitMQ)
+            task_id = str(getattr(message, "headers", {}).get("id", ""))
+            decision = Decision("unknown", now, name, task_id).fall_back("config_error")
+            self._report_config_error(exc)
         except Exception as exc:
             task_id = str(getattr(message, "headers", {}).get("id", ""))
             decision = Decision("unknown", now, name, task_id).fall_back(
@@ -193,8 +218,15 @@ class Middleware:
             logger.error("aitp: could not annotate %s: %r", name, exc)
         return options
 
+    def _report_config_error(self, exc: PolicyError) -> None:
+        """Log a configuration error once per process (it would repeat on every publish)."""
+        if not self._config_error_reported:
+            self._config_error_reported = True
+            logger.error("aitp: misconfigured, every task takes Celery's route: %s", exc)
+
     def _decide(self, name: str, message: Any, options: dict[str, Any], auto: bool,
                 now: float) -> Decision:
+        layout = self.layout  # resolved once; a failure here is a decision failure
         headers = options.get("headers")
         if type(headers) is not dict:
             headers = headers if isinstance(headers, Mapping) else {}
@@ -217,19 +249,23 @@ class Middleware:
             msg_headers.get("retries") or 0, _root_id(msg_headers.get("root_id")),
             len(argsrepr) if type(argsrepr) is str else None,
             len(kwargsrepr) if type(kwargsrepr) is str else None,
+            current_tenant(),
         )
         view = self.live.current()
         decision = self.pipeline.decide(request, view, now)
         if not auto:
             gated = decision.reason in GATED_REASONS
             decision.fall_back("explicit_queue")
-            if explicit and is_tier_queue(explicit):
+            if explicit and self._is_tier_destination(explicit):
                 # A tier queue named explicitly is almost always a retry staying put.
-                if explicit not in view.live_queues:
+                if not self.physical_is_live(layout.physical(explicit), view.live_queues):
                     decision.reason = "explicit_queue_dead"
                 elif gated:  # the stage does not route this task now (rolled back, or
                     decision.reason = "explicit_queue_standard"  # the other arm)
         return decision
+
+    def _is_tier_destination(self, name: str) -> bool:
+        return parse_tier_queue(name) is not None or self.layout.is_tier_destination(name)
 
     @cached_property
     def _decision_records(self) -> RecordBuffer:
@@ -244,8 +280,10 @@ class Middleware:
         else:
             headers = {"aitp": decision.header()}
         options["headers"] = headers
-        # The Decision itself is buffered: the refresher builds its record off this path.
-        self._decision_records.add(decision)
+        # The Decision itself is buffered: the refresher builds its record off this path
+        # (not when misconfigured: there is no store to build it for).
+        if decision.reason != "config_error":
+            self._decision_records.add(decision)
         counters = self.counters
         # decisions:<stage>:<tenant>:<tier>:<accelerator>:<reason> (bounded by the policy;
         # the reason goes last because 'error:<Type>' contains the separator)
@@ -254,19 +292,44 @@ class Middleware:
         for note in decision.notes:
             counters.incr(note)
         if decision.routed:
-            options["queue"] = self.queue(decision.queue or "")
-            for key in ("exchange", "routing_key", "exchange_type"):
-                options.pop(key, None)
-            options["priority"] = 0  # one priority inside a tier queue keeps tiers strict
+            self._send_to_tier(options, decision.queue or "")
         elif decision.reason in _TO_DEFAULT:
             options["queue"] = self.default_queue
-            for key in ("exchange", "routing_key", "exchange_type"):
-                options.pop(key, None)
+            _drop_destination(options)
+        elif decision.reason == "explicit_queue":
+            explicit = _queue_name(options.get("queue"))
+            if explicit and self._is_tier_destination(explicit):
+                # e.g. a retry (Celery re-sends it to the queue it came from): declare it
+                # as workers do, and keep the tier's priority when a logical name is given
+                priority = options.get("priority")
+                self._send_to_tier(options, explicit)
+                if parse_tier_queue(explicit) is None and priority is not None:
+                    options["priority"] = priority
+
+    def _send_to_tier(self, options: dict[str, Any], name: str) -> None:
+        options["queue"] = self.queue(name)
+        _drop_destination(options)
+        # the layout's priority keeps tiers strict: 0 on Redis, the tier on RabbitMQ
+        options["priority"] = self.layout.priority(name)
 
     def close(self) -> None:
         """Flush telemetry and stop the refresher (process shutdown)."""
         if "live" in self.__dict__:
             self.live.close()
+
+
+def transport_driver(app: Any) -> str:
+    """Driver type of the app's broker transport; builds the transport, never connects."""
+    conn = app.connection_for_write()
+    try:
+        return str(conn.transport.driver_type)
+    finally:
+        conn.release()
+
+
+def _drop_destination(options: dict[str, Any]) -> None:
+    for key in ("exchange", "routing_key", "exchange_type"):
+        options.pop(key, None)
 
 
 def _root_id(value: Any) -> str | None:

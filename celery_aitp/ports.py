@@ -15,11 +15,17 @@ class QueueOps(Protocol):
     """Broker-specific queue operations the middleware needs."""
 
     def depths(self, queues: Iterable[str]) -> dict[str, int]:
-        """Messages waiting in each queue (all priority levels together)."""
+        """Messages waiting in each broker queue (all priority levels together).
+
+        Names are the broker's (see :mod:`celery_aitp.layout`); a missing queue has 0.
+        """
         ...
 
     def oldest_ages(self, queues: Iterable[str], now: float) -> dict[str, float | None]:
-        """Seconds since the oldest waiting message of each queue was decided (None: empty)."""
+        """Seconds since the oldest waiting message of each queue was decided.
+
+        None: the queue is empty, or the broker cannot tell (RabbitMQ).
+        """
         ...
 
     def move_all(self, source: str, destination: str) -> int:

@@ -1,14 +1,12 @@
-"""Tier queue names and declarations, shared by producers and workers.
+"""Logical tier queue names: ``aitp.<tenant>.<accelerator>.<tier>``.
 
-Producers and workers must declare a tier queue identically (RabbitMQ refuses a second
-declaration with other arguments), so both build it here.
+These names appear in decisions, headers, advertisements and records on every broker;
+where the messages physically wait is :mod:`celery_aitp.layout`'s business.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from kombu import Exchange, Queue
 
 PREFIX = "aitp"
 
@@ -28,26 +26,6 @@ def parse_tier_queue(name: str) -> tuple[str, str, str] | None:
 
 def is_tier_queue(name: str) -> bool:
     return parse_tier_queue(name) is not None
-
-
-def tier_queue(name: str, default_queue: str, max_priority: int | None = None) -> Queue:
-    """The kombu Queue for a tier queue.
-
-    On RabbitMQ, rejected messages dead-letter to the default queue: that is how
-    evacuation moves them there atomically, without a publish/ack gap.
-    """
-    arguments: dict[str, Any] = {
-        "x-dead-letter-exchange": "",
-        "x-dead-letter-routing-key": default_queue,
-    }
-    if max_priority is not None:
-        arguments["x-max-priority"] = int(max_priority)
-    return Queue(
-        name,
-        Exchange(name, type="direct"),
-        routing_key=name,
-        queue_arguments=arguments,
-    )
 
 
 def all_tier_queues(tenants: Any, accelerators: Any, tiers: Any) -> list[str]:

@@ -6,13 +6,14 @@ import json
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import redis
 
-from tests.support.services import DEFAULT_REDIS, IN_CI, missing, redis_ok
-from tests.support.workers import WorkerProcess
+from tests.support.services import DEFAULT_REDIS, IN_CI, amqp_url, missing, redis_ok
+from tests.support.workers import WorkerProcess, stop_all
 
 TEST_POLICY: dict[str, Any] = {
     "tiers": [
@@ -46,28 +47,71 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def deployment(redis_url: str) -> Iterator[dict[str, str]]:
-    """Environment for one isolated deployment: own key prefix and default queue.
+def broker() -> str:
+    """The broker a test's deployment uses; parametrize it to run on RabbitMQ too."""
+    return "redis"
 
-    Deletes only what this test created: its prefix, its default queue, tier queues and
-    their kombu bindings, and result keys of its tasks.
+
+def deployment_env(broker_kind: str, redis_url: str, tag: str,
+                   policy: dict[str, Any] | None = None) -> dict[str, str]:
+    """Environment of one isolated deployment (see ``tests/apps/proj.py``).
+
+    On RabbitMQ the broker is the test vhost and Redis is the store and result backend.
     """
-    tag = uuid.uuid4().hex[:8]
     env = {
         "AITP_TEST_BROKER": redis_url,
         "AITP_TEST_PREFIX": f"aitptest-{tag}",
         "AITP_TEST_QUEUE": f"aitptest-{tag}",
-        "AITP_TEST_POLICY": json.dumps(TEST_POLICY),
+        "AITP_TEST_POLICY": json.dumps(policy or TEST_POLICY),
     }
+    if broker_kind == "rabbitmq":
+        env.update(AITP_TEST_BROKER=amqp_url(), AITP_TEST_BACKEND=redis_url,
+                   AITP_STORE_URL=redis_url)
+    elif broker_kind != "redis":
+        raise ValueError(f"unknown broker {broker_kind!r}")
+    return env
+
+
+@contextmanager
+def environment(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """Set ``env`` in os.environ for the block; restore what was there."""
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    yield env
-    for key, value in old.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    try:
+        yield env
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def cleanup_deployment(env: dict[str, str], redis_url: str, tag: str,
+                       extra_queues: tuple[str, ...] = ()) -> None:
+    """Delete what one deployment created, on Redis and (if used) RabbitMQ."""
+    if env["AITP_TEST_BROKER"].startswith("amqp"):
+        from tests.support.rabbit import delete_queues
+
+        policy = json.loads(env["AITP_TEST_POLICY"])
+        tier_queues = [f"aitp.{t}.{a}" for t in policy["tenants"] for a in policy["accelerators"]]
+        delete_queues(env["AITP_TEST_BROKER"],
+                      [env["AITP_TEST_QUEUE"], *tier_queues, *extra_queues])
     _cleanup(redis_url, tag)
+
+
+@pytest.fixture
+def deployment(redis_url: str, broker: str) -> Iterator[dict[str, str]]:
+    """Environment for one isolated deployment: own key prefix and default queue.
+
+    Deletes only what this test created: its prefix, its default queue, tier queues and
+    their kombu bindings (or RabbitMQ queues and exchanges), and its result keys.
+    """
+    tag = uuid.uuid4().hex[:8]
+    env = deployment_env(broker, redis_url, tag)
+    with environment(env):
+        yield env
+    cleanup_deployment(env, redis_url, tag)
 
 
 def _cleanup(url: str, tag: str) -> None:
@@ -105,6 +149,13 @@ def start_worker(deployment: dict[str, str]) -> Iterator[Callable[..., WorkerPro
         return worker.start()
 
     yield start
-    for worker in started:
-        worker.stop()
-        worker.log.unlink(missing_ok=True)
+    stop_all(started)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the fault suite's table: published, completed, duplicated, lost per scenario."""
+    from tests.support.faults import RESULTS, format_table
+
+    if RESULTS:
+        terminalreporter.section("fault tests: every task accounted for")
+        terminalreporter.write_line(format_table(RESULTS))

@@ -43,7 +43,8 @@ def build_dashboard(middleware: Any, config: DashboardConfig, version: str = "")
     tasks = tuple(sorted(middleware.app.tasks.keys()))
     fleet = Fleet(middleware.store, settings.policy, middleware.default_queue,
                   queue_ops_factory(middleware.app), settings.worker_ttl_s,
-                  refresh_s=config.refresh_s, window_s=config.window_s, tasks=tasks)
+                  refresh_s=config.refresh_s, window_s=config.window_s, tasks=tasks,
+                  layout=middleware.layout)
     control = StageControl(middleware)
     return Dashboard(config=config, fleet=fleet, worker_ttl_s=settings.worker_ttl_s,
                      version=version,

@@ -21,6 +21,7 @@ from celery_aitp.dashboard.labels import Bounds
 from celery_aitp.dashboard.streams import StreamTail
 from celery_aitp.dashboard.totals import RunTotals
 from celery_aitp.errors import StoreError
+from celery_aitp.layout import Layout, PerTierLayout, physical_groups
 from celery_aitp.policy import Policy
 from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.queues import all_tier_queues, parse_tier_queue
@@ -156,8 +157,9 @@ class Fleet:
     def __init__(self, store: RedisStore, policy: Policy, default_queue: str,
                  queue_ops: Callable[[], Any], worker_ttl_s: float, refresh_s: float = 2.0,
                  window_s: float = 300.0, tasks: tuple[str, ...] = (),
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, layout: Layout | None = None) -> None:
         self.store = store
+        self.layout = layout or PerTierLayout()  # where tier queues wait on the broker
         self.policy = policy
         self.default_queue = default_queue
         self.worker_ttl_s = worker_ttl_s
@@ -235,33 +237,39 @@ class Fleet:
     def _with_queues(self, snap: Snapshot, now: float) -> Snapshot:
         names = self.known_queues + sorted(q for q in snap.live_queues
                                            if q not in self.known_queues)
+        # one row per broker queue: on RabbitMQ all tiers of a tenant and accelerator
+        # wait in one queue, and only its depth is known
+        groups = physical_groups(self.layout, names)
         alive = [w for w in snap.workers if now - float(w.get("heartbeat") or 0)
                  <= self.worker_ttl_s]
         try:
             ops = self.queue_ops()
-            depths = ops.depths(names)
-            ages = ops.oldest_ages([q for q in names if depths.get(q)], now)
+            depths = ops.depths(list(groups))
+            ages = ops.oldest_ages([q for q in groups if depths.get(q)], now)
         except Exception as exc:  # any adapter failure: show the rest, report the broker
             self._queue_ops = None  # try a fresh adapter next round
-            rows = [self._queue_row(q, None, None, alive, snap.live_queues) for q in names]
+            rows = [self._queue_row(q, held, None, None, alive, snap.live_queues)
+                    for q, held in groups.items()]
             return replace(snap, queues=rows, broker_ok=False,
                            broker_error=f"{type(exc).__name__}: {exc}")
-        rows = [self._queue_row(q, depths.get(q), ages.get(q), alive, snap.live_queues)
-                for q in names]
+        rows = [self._queue_row(q, held, depths.get(q), ages.get(q), alive, snap.live_queues)
+                for q, held in groups.items()]
         return replace(snap, queues=rows, broker_ok=True)
 
-    def _queue_row(self, name: str, depth: int | None, age: float | None,
+    def _queue_row(self, name: str, held: list[str], depth: int | None, age: float | None,
                    alive: list[dict[str, Any]], live: frozenset[str]) -> dict[str, Any]:
-        parts = parse_tier_queue(name)
+        """A broker queue ``name`` holding the (logical) queues ``held``."""
+        parts = parse_tier_queue(held[0])
         is_default = name == self.default_queue
-        consumers = sorted(str(w.get("worker")) for w in alive if name in (w.get("queues") or ()))
-        served = name in live
+        consumers = sorted(str(w.get("worker")) for w in alive
+                           if set(held) & set(w.get("queues") or ()))
+        served = any(q in live for q in held)
         return {
             "queue": name,
             "kind": "default" if is_default else ("tier" if parts else "other"),
             "tenant": parts[0] if parts else None,
             "accelerator": parts[1] if parts else None,
-            "tier": parts[2] if parts else None,
+            "tier": parts[2] if parts and held == [name] else None,  # None: every tier
             "depth": depth,
             "oldest_age_s": age,
             "consumers": consumers,

@@ -27,6 +27,7 @@ class Request:
     __slots__ = (
         "task", "task_id", "args", "kwargs", "headers", "declared",
         "explicit_queue", "published_at", "retries", "root_id", "args_bytes", "kwargs_bytes",
+        "parent_tenant",
     )
 
     def __init__(
@@ -43,6 +44,7 @@ class Request:
         root_id: str | None = None,
         args_bytes: int | None = None,
         kwargs_bytes: int | None = None,
+        parent_tenant: str | None = None,
     ) -> None:
         self.task = task
         self.task_id = task_id
@@ -57,6 +59,9 @@ class Request:
         #: Lengths of Celery's ``argsrepr``/``kwargsrepr`` headers: a free size proxy.
         self.args_bytes = args_bytes
         self.kwargs_bytes = kwargs_bytes
+        # tenant of the task running in this worker process, if this one is published
+        # from inside it (a chain step, a chord body, a sub-task); already validated
+        self.parent_tenant = parent_tenant
 
 
 class Decision:

@@ -39,7 +39,8 @@ class PublishStage(Protocol):
 
 
 class TenantStage:
-    """Who the task is for: header, then the policy's keyword argument, then the default."""
+    """Who the task is for: header, then the policy's keyword argument, then the tenant of
+    the task publishing it (chain steps, chord bodies, sub-tasks), then the default."""
 
     name = "tenant"
 
@@ -52,6 +53,8 @@ class TenantStage:
         raw: Any = request.headers.get("aitp_tenant")
         if raw is None and self.kwarg and isinstance(request.kwargs, dict):
             raw = request.kwargs.get(self.kwarg)
+        if raw is None:
+            raw = request.parent_tenant
         if raw is None:
             decision.tenant = self.default
         elif isinstance(raw, str) and raw in self.tenants:

@@ -17,6 +17,8 @@ import click
 from celery import bootsteps
 
 from celery_aitp.errors import PolicyError, StoreError
+from celery_aitp.layout import physical_groups
+from celery_aitp.middleware import store_url_for
 from celery_aitp.policy import Policy
 from celery_aitp.queues import tier_queue_name
 from celery_aitp.worker import tier_cycle
@@ -106,6 +108,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         policy = self.middleware.policy  # raises PolicyError: the worker refuses to start
         self.plan = WorkerPlan(policy, aitp_tenant, aitp_accelerator, aitp_tiers,
                                aitp_no_default_queue)
+        self.store_configured = self._check_store(app)
         self.hostname = worker.hostname
         self._follow_usage = False
         self._stop = threading.Event()
@@ -116,10 +119,27 @@ class AitpWorkerStep(bootsteps.StartStopStep):
             if observer is not None:  # runs record the class they ran on
                 observer.accelerator = self.plan.accelerator
 
+    def _check_store(self, app: Any) -> bool:
+        """Whether a store URL is known (RabbitMQ needs an explicit one).
+
+        A flagged worker cannot work without it and refuses to start; a standard worker
+        keeps running the default queue, without the janitor, and says why.
+        """
+        try:
+            store_url_for(self.middleware.settings, app.conf.broker_url)
+        except PolicyError as exc:
+            if self.plan.enabled:
+                raise
+            logger.error("aitp: %s; this worker runs without the janitor", exc)
+            return False
+        return True
+
     def _consume_tiers(self, worker: Any, strict: bool) -> None:
         app = worker.app
         queues = app.amqp.queues
-        names = self.plan.queue_names()
+        # Logical tier queues, highest first, onto broker queues (the same list on
+        # Redis; one priority queue per tenant and accelerator on RabbitMQ).
+        names = list(physical_groups(self.middleware.layout, self.plan.queue_names()))
         for name in names:
             queues.add(self.middleware.queue(name))
         others = [] if self.plan.no_default_queue else list(queues.consume_from)
@@ -128,7 +148,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         # share; or strictly), reserve at most one message per pool process, and in
         # strict mode none beyond the running ones.
         worker.prefetch_multiplier = 1
-        if str(app.conf.broker_url or "").startswith(("redis", "socket", "unix")):
+        if self.middleware.broker_driver == "redis":
             options = dict(app.conf.broker_transport_options or {})
             options["queue_order_strategy"] = self._order_strategy(names)
             app.conf.broker_transport_options = options
@@ -147,6 +167,12 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         from celery_aitp.worker.janitor import Janitor
 
         self._stop.clear()
+        if not self.store_configured:
+            return
+        try:  # this process's counters (e.g. 'evacuated') are shipped by its live view
+            self.middleware.live.current()
+        except Exception as exc:  # a store outage must not stop the worker
+            logger.warning("aitp: live view not started: %r", exc)
         if self.plan.enabled:
             self._spawn("aitp-advertise", self._advertise_loop)
         if self._follow_usage:  # fair share on the reading side: see worker/tier_cycle.py
@@ -186,6 +212,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
 
 def register_worker_extensions(app: Any) -> None:
     """Add the flags, the bootstep and the run observer to ``app`` (idempotent)."""
+    from celery_aitp.worker import running
     from celery_aitp.worker.observe import connect_observer
 
     options = app.user_options["worker"]
@@ -194,3 +221,4 @@ def register_worker_extensions(app: Any) -> None:
             options.add(option)
     app.steps["worker"].add(AitpWorkerStep)
     connect_observer(app)
+    running.connect(app)

@@ -1,10 +1,12 @@
 """Move messages out of tier queues that no live worker serves any more.
 
 Runs in every worker of an app with the middleware (and on demand from
-``celery aitp evacuate``). A tier queue whose last advertisement has expired is drained
-into the default queue by the broker adapter's atomic move; in the coexistence stage
-every tier queue is (after a rollback nothing may wait there). Bound: a message waits at
-most ``worker_ttl_s + evacuate_interval_s`` (15 s by default) after its last consumer
+``celery aitp evacuate``). A broker queue none of whose logical tier queues has a live
+advertisement is drained into the default queue by the broker adapter's atomic move
+(on RabbitMQ one broker queue holds every tier of a tenant and accelerator, see
+:mod:`celery_aitp.layout`); in the coexistence stage every tier queue is (after a
+rollback nothing may wait there). Bound: a message waits at most
+``worker_ttl_s + evacuate_interval_s`` (15 s by default) after its last consumer
 disappeared before it is on the default queue.
 """
 
@@ -18,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from celery_aitp.errors import AdapterError, StoreError
+from celery_aitp.layout import physical_groups
 from celery_aitp.policy import Stage
 from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.queues import all_tier_queues
@@ -28,9 +31,9 @@ logger = logging.getLogger(__name__)
 
 def queue_ops_for(app: Any) -> Any:
     """The QueueOps adapter for the app's broker transport."""
-    with app.connection_for_write() as conn:
-        driver = conn.transport.driver_type
-    return resolve(QUEUE_OPS, driver)(app)
+    from celery_aitp.middleware import transport_driver
+
+    return resolve(QUEUE_OPS, transport_driver(app))(app)
 
 
 class Janitor:
@@ -48,16 +51,19 @@ class Janitor:
         return self._ops
 
     def known_queues(self) -> list[str]:
+        """Every logical tier queue the policy can produce."""
         policy = self.middleware.policy
         return all_tier_queues(policy.tenants, policy.accelerators, policy.tier_names)
 
     def evacuate(self, queues: Iterable[str]) -> dict[str, int]:
-        """Drain ``queues`` into the default queue now; returns messages moved per queue."""
-        queues = list(queues)
+        """Drain the broker queues holding ``queues`` (logical tier queue or broker queue
+        names) into the default queue now; returns messages moved per broker queue."""
+        layout = self.middleware.layout
         default = self.middleware.default_queue
+        physical = [q for q in dict.fromkeys(layout.physical(q) for q in queues) if q != default]
         moved: dict[str, int] = {}
-        for queue, depth in self.ops.depths(queues).items():
-            if depth and queue != default:
+        for queue, depth in self.ops.depths(physical).items():
+            if depth:
                 moved[queue] = self.ops.move_all(queue, default)
         total = sum(moved.values())
         if total:
@@ -65,6 +71,12 @@ class Janitor:
             logger.warning("aitp: moved %d message(s) from tier queues to %s: %s",
                            total, default, moved)
         return moved
+
+    def orphaned(self, live: frozenset[str]) -> list[str]:
+        """Broker queues of the policy none of whose tier queues a live worker serves."""
+        groups = physical_groups(self.middleware.layout, self.known_queues())
+        return [queue for queue, logical in groups.items()
+                if not any(name in live for name in logical)]
 
     def sweep(self) -> dict[str, int]:
         """One pass: drain every known tier queue that has no live consumer.
@@ -77,8 +89,7 @@ class Janitor:
         stage, _ = stage_from_doc(store.read_stage(), self.middleware.policy)
         if stage is Stage.COEXISTENCE:
             return self.evacuate(self.known_queues())
-        live = store.live_queues()
-        return self.evacuate(q for q in self.known_queues() if q not in live)
+        return self.evacuate(self.orphaned(store.live_queues()))
 
     def run(self, stop: threading.Event) -> None:
         """Sweep every ``evacuate_interval_s`` until ``stop`` is set; one sweeper at a time."""

@@ -85,11 +85,22 @@ def flaky(self, x: int) -> dict:
             "aitp": getattr(self.request, "aitp", None)}
 
 
+def _where(request: object, x: int) -> dict:
+    delivery = getattr(request, "delivery_info", None) or {}
+    return {"x": x, "queue": delivery.get("routing_key"), "priority": delivery.get("priority"),
+            "aitp": getattr(request, "aitp", None), "hostname": getattr(request, "hostname", None)}
+
+
 @app.task(shared=False, bind=True)
 def where(self, x: int = 0) -> dict:
-    """Reports the queue it was delivered from and its aitp header."""
-    return {"x": x, "queue": self.request.delivery_info.get("routing_key"),
-            "aitp": getattr(self.request, "aitp", None), "hostname": self.request.hostname}
+    """Reports the queue it was delivered from, its priority and its aitp header."""
+    return _where(self.request, x)
+
+
+@app.task(shared=False, bind=True, aitp={"tier": "hi"})
+def where_hi(self, x: int = 0) -> dict:
+    """``where`` for a top-tier task."""
+    return _where(self.request, x)
 
 
 @app.task(shared=False)

@@ -19,7 +19,7 @@ from celery_aitp.policy import SplitSettings, Stage
 from celery_aitp.publish.split import split_bucket
 from celery_aitp.worker.janitor import Janitor
 from tests.conftest import TEST_POLICY
-from tests.integration.test_redis_routing import wait_live
+from tests.support.live import wait_live
 from tests.support.workers import ROOT
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
