@@ -128,12 +128,18 @@ def probe(self, sleep: float = 0.0) -> dict:
             "at": time.time()}
 
 
-@app.task(shared=False, bind=True, ignore_result=True, aitp={"tier": "hi"})
+@app.task(shared=False, bind=True, ignore_result=True, aitp={"tier": "hi"},
+          autoretry_for=(redis.RedisError,), retry_backoff=0.2, max_retries=20)
 def tally(self, n: int) -> None:
-    """Count a run: its id in a set (duplicates show), runs, and the queue it came from."""
-    pipe = tally_client().pipeline(transaction=False)
+    """Count a delivery: ids that ran, deliveries per (id, attempt), and the queue.
+
+    A count above 1 for one (id, attempt) is a duplicate delivery. A Redis hiccup inside
+    the task (a loaded machine can time a call out) retries as a new attempt, so it can
+    look neither like a lost task nor like a duplicate.
+    """
+    pipe = tally_client().pipeline(transaction=True)
+    pipe.hincrby(f"{PREFIX}:tally:deliveries", f"{self.request.id}:{self.request.retries}", 1)
     pipe.sadd(f"{PREFIX}:tally:ids", self.request.id)
-    pipe.incr(f"{PREFIX}:tally:runs")
     pipe.hincrby(f"{PREFIX}:tally:queues", self.request.delivery_info.get("routing_key"), 1)
     pipe.execute()
 
