@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from celery_aitp.errors import PolicyError
 from celery_aitp.priority_policy import (
+    AgingSettings,
     FairShareSettings,
     PrioritySettings,
     ProfileSettings,
@@ -66,6 +67,12 @@ class Tier(_Model):
     min_score: float | None = Field(
         default=None, ge=0, le=1,
         description="Lowest priority score that maps to this tier; None: an even split.",
+    )
+    promote_after_s: float | None = Field(
+        default=None, gt=0, le=30 * 86400,
+        description="RabbitMQ aging: a waiting message of this tier older than this is "
+                    "raised to its tenant's top priority; None: derived from the SLAs and "
+                    "weights (see Policy.promotion_ages). Not allowed on the top tier.",
     )
 
     @field_validator("name")
@@ -231,7 +238,12 @@ class Policy(_Model):
         default_factory=ProfileSettings, description="Resource profiles from observed runs."
     )
     tier_order: TierOrder = Field(
-        default=TierOrder.WEIGHTED, description="How AITP workers on Redis read their tiers."
+        default=TierOrder.WEIGHTED,
+        description="How AITP workers read their tiers (Redis: weighted order; RabbitMQ: "
+                    "aging of waiting messages).",
+    )
+    aging: AgingSettings = Field(
+        default_factory=AgingSettings, description="RabbitMQ aging passes (weighted order)."
     )
 
     @field_validator("accelerators")
@@ -288,6 +300,8 @@ class Policy(_Model):
             if t not in self.tenants
         ]
         problems += _min_score_problems(self.tiers)
+        if self.tiers[0].promote_after_s is not None:
+            problems.append("tiers.0.promote_after_s: the top tier is never promoted")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -311,6 +325,27 @@ class Policy(_Model):
         n = len(self.tiers)
         return {t.name: t.weight if t.weight is not None else TIER_WEIGHT_RATIO ** (n - 1 - i)
                 for i, t in enumerate(self.tiers)}
+
+    def promotion_ages(self) -> dict[str, float]:
+        """Age (s since first publish) after which a waiting message of each lower tier is
+        raised to the top priority on RabbitMQ; the top tier is absent.
+
+        Default for tier ``t``: ``min(sla_top * w_top / w_t, max(sla_t - sla_top, sla_t /
+        2))``. The first term is how much longer than a top-tier message the weighted order
+        delays tier ``t`` under contention (the weight ratio, 8 per tier by default); the
+        second leaves the top tier's SLA for the wait after the promotion, so a tier meets
+        its SLA whenever the top tier meets its own.
+        """
+        weights = self.tier_weights()
+        top = self.tiers[0]
+        ages = {}
+        for tier in self.tiers[1:]:
+            if tier.promote_after_s is not None:
+                ages[tier.name] = tier.promote_after_s
+                continue
+            ratio = top.sla_s * weights[top.name] / weights[tier.name]
+            ages[tier.name] = min(ratio, max(tier.sla_s - top.sla_s, tier.sla_s / 2))
+        return ages
 
     def tier_min_scores(self) -> tuple[float, ...]:
         """Lowest score of each tier, highest tier first; the lowest tier takes the rest."""

@@ -4,7 +4,8 @@ A worker started with ``--aitp-tenant`` consumes ``aitp.<tenant>.<accelerator>.<
 highest tier first, then (unless ``--aitp-no-default-queue``) its usual queues, and
 advertises what it serves in the shared store with a short expiry. Every worker of an
 app with the middleware installed, flagged or not, also runs the janitor that moves
-messages out of tier queues nobody serves any more.
+messages out of tier queues nobody serves any more, and on RabbitMQ the aging passes
+that raise long-waiting lower-tier messages (``worker/aging.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from celery_aitp.layout import physical_groups
 from celery_aitp.middleware import store_url_for
 from celery_aitp.policy import Policy
 from celery_aitp.queues import tier_queue_name
-from celery_aitp.worker import tier_cycle
+from celery_aitp.worker import aging, tier_cycle
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +182,9 @@ class AitpWorkerStep(bootsteps.StartStopStep):
             live.current()
         janitor = Janitor(self.middleware)
         self._spawn("aitp-janitor", lambda: janitor.run(self._stop))
+        if aging.enabled(self.middleware.policy, self.middleware.broker_driver):
+            ager = aging.Ager(self.middleware)  # RabbitMQ's no-starvation: worker/aging.py
+            self._spawn("aitp-aging", lambda: ager.run(self._stop))
 
     def stop(self, worker: Any) -> None:
         self._stop.set()
