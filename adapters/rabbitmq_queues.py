@@ -148,12 +148,12 @@ class RabbitQueueOps:
 
         Stops early once ``selector.done``. Returns (messages taken, messages promoted).
         """
-        inspected = promoted = 0
+        inspected = 0
+        chosen: list[tuple[Any, int]] = []
         with self._channel(f"aging {queue}") as channel:
             depth, _ = self._declare_ok(channel, queue)
             if not depth:
                 return 0, 0
-            channel.confirm_select()
             while inspected < limit:
                 message = channel.basic_get(queue=queue, no_ack=False)
                 if message is None:
@@ -163,13 +163,17 @@ class RabbitQueueOps:
                 priority = selector.decide(properties.get("priority"),
                                            properties.get("application_headers"))
                 if priority is not None:
-                    self._republish(channel, queue, message, priority)
-                    channel.basic_ack(message.delivery_info["delivery_tag"])
-                    promoted += 1
+                    chosen.append((message, priority))
                 if selector.done:
                     break
+            # Copies are published only now, so this pass cannot take them again.
+            if chosen:
+                channel.confirm_select()
+            for message, priority in chosen:
+                self._republish(channel, queue, message, priority)
+                channel.basic_ack(message.delivery_info["delivery_tag"])
         # Closing the channel handed back every message taken and not acknowledged.
-        return inspected, promoted
+        return inspected, len(chosen)
 
     def _republish(self, channel: Any, queue: str, message: Any, priority: int) -> None:
         """Publish a copy with ``priority`` and wait for the broker's confirm.
