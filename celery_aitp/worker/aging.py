@@ -61,6 +61,8 @@ class Selector:
         self.no_age = 0
         #: True once no later message of this pass can be due (see :meth:`decide`).
         self.done = False
+        #: When the first message seen and left in place becomes due (inf: none seen).
+        self.next_due = math.inf
 
     def decide(self, priority: Any, headers: Any) -> int | None:
         """The new priority of this message, or None to leave it where it is."""
@@ -78,6 +80,7 @@ class Selector:
             return None
         if self.now - origin >= age_limit:
             return self.target
+        self.next_due = min(self.next_due, origin + age_limit)
         if p <= self.lowest:
             # Delivery order is priority, then FIFO: every later message is of the lowest
             # tier and published after this one, so none of them is due either.
@@ -104,6 +107,8 @@ class AgingPlan:
 
     def __init__(self, policy: Policy, layout: Layout) -> None:
         ages = policy.promotion_ages()
+        #: A message published from now on is due no earlier than this many seconds.
+        self.min_age = min(ages.values(), default=math.inf)
         self.selectors: dict[str, tuple[int, dict[int, float]]] = {}
         groups = physical_of_all(layout, policy.tenants, policy.accelerators,
                                  policy.tier_names)
@@ -139,6 +144,8 @@ class Ager:
         self.middleware = middleware
         self._ops = ops
         self.plan = AgingPlan(middleware.policy, middleware.layout)
+        #: Per broker queue, when its next message may become due (see :meth:`sweep`).
+        self.next_due: dict[str, float] = {}
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
 
     @property
@@ -150,18 +157,32 @@ class Ager:
         return self._ops
 
     def sweep(self, now: float | None = None) -> dict[str, int]:
-        """One pass over every broker queue; returns messages promoted per queue."""
+        """One pass over the broker queues that may hold a due message; returns messages
+        promoted per queue.
+
+        A queue is taken from only when a message in it may be due: after a pass, that is
+        when the first message it left in place turns due, or ``min_age`` after the pass
+        for anything published since (a pass that hit ``max_inspect`` looks again next
+        time). So an idle queue, or one whose lower tiers are young, is not touched.
+        """
         settings = self.middleware.policy.aging
         counters = self.middleware.counters
         promoted: dict[str, int] = {}
         for queue in self.plan.selectors:
-            selector = self.plan.selector(queue, time.time() if now is None else now)
+            at = time.time() if now is None else now
+            if at < self.next_due.get(queue, -math.inf):
+                continue
+            selector = self.plan.selector(queue, at)
             try:
                 inspected, raised = self.ops.reprioritise(queue, selector,
                                                           settings.max_inspect)
             finally:
                 if selector.no_age:
                     counters.incr("aging_no_age", selector.no_age)
+            if inspected >= settings.max_inspect and not selector.done:
+                self.next_due[queue] = at  # not all seen: look again next pass
+            else:
+                self.next_due[queue] = min(selector.next_due, at + self.plan.min_age)
             if raised:
                 promoted[queue] = raised
                 counters.incr("aged", raised)

@@ -267,3 +267,23 @@ def test_a_low_tier_task_runs_within_the_bound_under_a_continuous_top_tier_strea
 def test_without_aging_the_same_stream_starves_the_low_tier() -> None:
     wait, _ = simulate(promote=False, backlog=4, horizon_s=200)
     assert wait is None
+
+
+def test_a_queue_is_only_taken_from_when_a_message_in_it_may_be_due() -> None:
+    middleware = FakeMiddleware(POLICY)  # promotion ages: mid 40 s, lo 320 s
+    queue = FakeQueue()
+    queue.publish("young-lo", LO, 990.0)
+    ops = FakeOps({"aitp.acme.cpu": queue})
+    ager = aging.Ager(middleware, ops)
+    ager.sweep(now=1000.0)
+    assert ager.next_due["aitp.acme.cpu"] == 1040.0  # a mid published now: due at 1040
+    ops.calls.clear()
+    ager.sweep(now=1039.0)
+    assert ops.calls == []  # nothing can be due yet: no queue is touched
+    ager.sweep(now=1040.0)
+    assert ("aitp.acme.cpu", 200) in ops.calls
+    queue.publish("older-mid", MID, 1001.0)
+    ager.next_due.clear()
+    ager.sweep(now=1040.0)
+    assert ager.next_due["aitp.acme.cpu"] == 1041.0  # the mid left in place turns due
+    assert ager.sweep(now=1041.0) == {"aitp.acme.cpu": 1}
