@@ -160,3 +160,27 @@ def step(self, x: int = 0, sleep: float = 0.0) -> dict:
     started = time.time()
     time.sleep(sleep)
     return {"x": x, "started": started, "queue": self.request.delivery_info.get("routing_key")}
+
+
+def _record_run(request: Any, kind: str, x: int, sleep: float) -> None:
+    """Append this run (start time, delivery priority) to ``<prefix>:runs`` (aging tests)."""
+    delivery = getattr(request, "delivery_info", None) or {}
+    aitp = getattr(request, "aitp", None) or {}
+    client = redis.Redis.from_url(os.environ.get("AITP_TEST_BACKEND") or app.conf.broker_url)
+    client.rpush(f"{PREFIX}:runs", json.dumps({
+        "kind": kind, "x": x, "id": request.id, "started": time.time(),
+        "priority": delivery.get("priority"), "origin_at": aitp.get("origin_at")}))
+    client.close()
+    time.sleep(sleep)
+
+
+@app.task(shared=False, bind=True, ignore_result=True, aitp={"tier": "hi"})
+def run_hi(self, x: int, sleep: float = 0.0) -> None:
+    """A top-tier run, recorded in order of start."""
+    _record_run(self.request, "hi", x, sleep)
+
+
+@app.task(shared=False, bind=True, ignore_result=True, aitp={"tier": "lo"})
+def run_lo(self, x: int, sleep: float = 0.0) -> None:
+    """A lowest-tier run, recorded in order of start."""
+    _record_run(self.request, "lo", x, sleep)
