@@ -97,7 +97,8 @@ def first_publish(headers: Any) -> float | None:
         return None
     for field in ("origin_at", "decided_at"):
         value = aitp.get(field)
-        if type(value) in (int, float) and math.isfinite(value) and value > 0:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value) and value > 0:
             return float(value)
     return None
 
