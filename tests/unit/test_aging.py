@@ -287,3 +287,44 @@ def test_a_queue_is_only_taken_from_when_a_message_in_it_may_be_due() -> None:
     ager.sweep(now=1040.0)
     assert ager.next_due["aitp.acme.cpu"] == 1041.0  # the mid left in place turns due
     assert ager.sweep(now=1041.0) == {"aitp.acme.cpu": 1}
+
+
+def test_every_worker_runs_aging_on_rabbitmq_and_none_on_redis(app) -> None:
+    from types import SimpleNamespace
+
+    from celery_aitp.worker.bootstep import AitpWorkerStep
+
+    worker = SimpleNamespace(app=app, hostname="w@test")
+    step = AitpWorkerStep(worker)
+    step.store_configured = True  # the unit store is given directly, not by URL
+    step.start(worker)
+    assert "aitp-janitor" in [t.name for t in step._threads]
+    assert "aitp-aging" not in [t.name for t in step._threads]  # memory:// (like Redis)
+    step.stop(worker)
+    app.aitp.broker_driver = "amqp"
+    step = AitpWorkerStep(worker)
+    step.store_configured = True
+    step.start(worker)
+    assert "aitp-aging" in [t.name for t in step._threads]
+    step.stop(worker)
+
+
+def test_the_loop_takes_the_store_lock_and_runs_passes(app, store) -> None:
+    import threading
+    import time
+
+    app.aitp.broker_driver = "amqp"
+    middleware = app.aitp
+    queue = FakeQueue()
+    ops = FakeOps({"aitp.acme.cpu": queue})
+    ager = aging.Ager(middleware, ops)
+    stop = threading.Event()
+    thread = threading.Thread(target=ager.run, args=(stop,), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not ops.calls and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    thread.join(10)
+    assert ops.calls  # a pass ran
+    assert store.client.get(store.keys.aging_lock) == ager.owner.encode()
