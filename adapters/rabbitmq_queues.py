@@ -17,9 +17,9 @@ takes messages the same way, on a channel in confirm mode: each message chosen f
 higher priority is republished (body and properties kept, only the priority raised;
 mandatory, so an unroutable copy raises instead of vanishing), and the original is
 acknowledged only after the broker confirmed the copy. Every other message taken is
-handed back when the channel closes, and RabbitMQ puts it back in its place. A crash
-between a confirm and its acknowledgement leaves both copies (one duplicate per crash);
-nothing is ever lost.
+handed back when the channel closes, and RabbitMQ puts it back in its place. A failure
+after a copy was published and before its original was acknowledged (a crash, a lost
+connection, a missing confirm) leaves both (one duplicate per failure); nothing is lost.
 
 Oldest-message ages are not available: AMQP cannot look at a message without taking
 it (which would mark it redelivered), so :meth:`RabbitQueueOps.oldest_ages` answers
