@@ -113,7 +113,8 @@ class Middleware:
     @cached_property
     def pipeline(self) -> Pipeline:
         return Pipeline(default_stages(self.policy, self.settings.profile_refresh_s,
-                                       visibility_timeout_s=self.visibility_timeout_s))
+                                       visibility_timeout_s=self.visibility_timeout_s,
+                                       producer_tenant=self.settings.producer_tenant))
 
     @cached_property
     def visibility_timeout_s(self) -> float | None:

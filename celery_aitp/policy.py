@@ -84,6 +84,12 @@ class Tenant(_Model):
     sla_s: float | None = Field(
         default=None, gt=0, description="Target queue wait of this tenant's tasks (None: tiers')."
     )
+    trusted_header: bool = Field(
+        default=True,
+        description="Whether the aitp_tenant header or the tenant_kwarg argument may name this "
+                    "tenant; if not, only producers pinned to it (producer_tenant) and tasks "
+                    "published by its own running tasks are its.",
+    )
 
 
 class SplitSettings(_Model):

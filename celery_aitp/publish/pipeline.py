@@ -25,12 +25,14 @@ STAGE_ORDER = ("tenant", "features", "predict", "profile", "priority", "route", 
 
 def default_stages(policy: Policy, profile_refresh_s: float = 10.0,
                    clock: Callable[[], float] | None = None,
-                   visibility_timeout_s: float | None = None) -> dict[str, PublishStage]:
+                   visibility_timeout_s: float | None = None,
+                   producer_tenant: str | None = None) -> dict[str, PublishStage]:
     """The stages every deployment starts with; ``clock`` is simulated time in a replay
     (None: the wall clock, and the monotonic one where a stage measures intervals).
 
     ``visibility_timeout_s`` is the Redis transport's (None on other brokers): with it,
     and the policy's ``visibility_guard`` enabled, the visibility stage runs last.
+    ``producer_tenant`` pins this process's tasks to one tenant (see ``TenantStage``).
     """
     wall = clock or time.time
     guard = policy.visibility_guard
@@ -38,7 +40,7 @@ def default_stages(policy: Policy, profile_refresh_s: float = 10.0,
     if visibility_timeout_s is not None and guard.enabled:
         extra["visibility"] = VisibilityStage(guard, visibility_timeout_s)
     return {
-        "tenant": TenantStage(policy),
+        "tenant": TenantStage(policy, producer_tenant),
         **prediction_stages(clock),
         "profile": ProfileStage(policy, profile_refresh_s, wall),
         "priority": PriorityStage(policy, wall),
