@@ -42,7 +42,8 @@ def enter(request: Any) -> None:
     tenant = header.get("tenant")
     _local.tenant = tenant if isinstance(tenant, str) else None
     origin = header.get("origin_at") or header.get("decided_at")
-    _local.origin = float(origin) if type(origin) in (int, float) else None
+    _local.origin = float(origin) if isinstance(origin, (int, float)) and \
+        not isinstance(origin, bool) else None
     _local.task_id = getattr(request, "id", None)
 
 
