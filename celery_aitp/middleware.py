@@ -32,6 +32,7 @@ from celery_aitp.publish.visibility_stage import (
     visibility_timeout_s,
 )
 from celery_aitp.queues import parse_tier_queue
+from celery_aitp.redact import redact
 from celery_aitp.settings import Settings, resolve_settings
 from celery_aitp.store import Keys, RedisStore, connect
 from celery_aitp.store.decision_log import DecisionLog
@@ -233,19 +234,20 @@ class Middleware:
             task_id = str(getattr(message, "headers", {}).get("id", ""))
             decision = Decision("unknown", now, name, task_id).fall_back(
                 f"error:{type(exc).__name__}")
-            logger.warning("aitp: decision failed for %s, using Celery's route: %r", name, exc)
+            logger.warning("aitp: decision failed for %s, using Celery's route: %s", name,
+                           redact(repr(exc)))
         try:
             self._apply(decision, options, auto)
         except Exception as exc:  # pragma: no cover - defensive: publish must go on
             self.counters.incr("apply_errors")
-            logger.error("aitp: could not annotate %s: %r", name, exc)
+            logger.error("aitp: could not annotate %s: %s", name, redact(repr(exc)))
         return options
 
     def _report_config_error(self, exc: PolicyError) -> None:
         """Log a configuration error once per process (it would repeat on every publish)."""
         if not self._config_error_reported:
             self._config_error_reported = True
-            logger.error("aitp: misconfigured, every task takes Celery's route: %s", exc)
+            logger.error("aitp: misconfigured, every task takes Celery's route: %s", redact(exc))
 
     def _decide(self, name: str, message: Any, options: dict[str, Any], auto: bool,
                 now: float) -> Decision:
