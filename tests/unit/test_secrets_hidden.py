@@ -163,3 +163,11 @@ def test_cli_output_with_a_live_store_hides_passwords(app: Celery, args: list[st
     result = CliRunner().invoke(aitp, args, obj=SimpleNamespace(app=app))
     assert result.exit_code == 0, result.output
     assert_hidden(result.output, f"celery aitp {' '.join(args)}")
+
+
+def test_every_package_error_is_redacted_when_made() -> None:
+    from celery_aitp.errors import AdapterError, ModelError, PolicyError, StoreError
+
+    for kind in (AdapterError, ModelError, PolicyError, StoreError):
+        assert str(kind(f"while talking to {BROKER}")) == \
+            "while talking to redis://celery:***@127.0.0.1:1/2"
