@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -90,6 +90,12 @@ class Tenant(_Model):
     weight: float = Field(default=1.0, gt=0, le=1e6, description="Fair-share weight.")
     sla_s: float | None = Field(
         default=None, gt=0, description="Target queue wait of this tenant's tasks (None: tiers')."
+    )
+    trusted_header: bool = Field(
+        default=True,
+        description="Whether the aitp_tenant header or the tenant_kwarg argument may name this "
+                    "tenant; if not, only producers pinned to it (producer_tenant) and tasks "
+                    "published by its own running tasks are its.",
     )
 
 
@@ -191,6 +197,46 @@ class GuardSettings(_Model):
         return value
 
 
+class VisibilityGuardSettings(_Model):
+    """Tasks that may stay unacknowledged longer than Redis's ``visibility_timeout``.
+
+    Kombu's Redis transport delivers such a message again while the first worker still
+    holds it (an ETA task waits unacknowledged until its ETA; an ``acks_late`` task while
+    it runs), so the task runs twice. The guard warns and counts them; by ``action`` it
+    also sends the ones the middleware would route elsewhere. Redis transports only.
+    """
+
+    enabled: bool = Field(default=True, description="Check tasks at all (Redis brokers only).")
+    margin: float = Field(
+        default=0.8, gt=0, le=1,
+        description="Share of visibility_timeout a task's ETA wait plus predicted run may "
+                    "reach before the guard acts.",
+    )
+    action: Literal["warn", "default_queue", "queue"] = Field(
+        default="warn",
+        description="warn: log and count only; default_queue: also send a task the "
+                    "middleware would route to Celery's default queue; queue: to `queue`.",
+    )
+    queue: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="Queue for action 'queue' (a queue your workers consume; not a tier queue).",
+    )
+    runtime: Literal["p50", "p90"] = Field(
+        default="p90", description="Which predicted runtime counts: the median or the p90."
+    )
+    log_interval_s: float = Field(
+        default=300.0, ge=0, description="At most one warning per task name this often."
+    )
+
+    @model_validator(mode="after")
+    def _queue_given(self) -> VisibilityGuardSettings:
+        if self.action == "queue" and not self.queue:
+            raise ValueError("action 'queue' needs visibility_guard.queue")
+        if self.queue and self.queue.startswith("aitp."):
+            raise ValueError(f"queue {self.queue!r}: must not be a tier queue (aitp.*)")
+        return self
+
+
 class Policy(_Model):
     """The whole scheduling policy. See the README's configuration reference."""
 
@@ -244,6 +290,10 @@ class Policy(_Model):
     )
     aging: AgingSettings = Field(
         default_factory=AgingSettings, description="RabbitMQ aging passes (weighted order)."
+    )
+    visibility_guard: VisibilityGuardSettings = Field(
+        default_factory=VisibilityGuardSettings,
+        description="Warn about (and divert) tasks near Redis's visibility_timeout.",
     )
 
     @field_validator("accelerators")

@@ -22,6 +22,7 @@ from celery_aitp.layout import physical_groups
 from celery_aitp.middleware import store_url_for
 from celery_aitp.policy import Policy
 from celery_aitp.queues import tier_queue_name
+from celery_aitp.redact import redact
 from celery_aitp.worker import aging, tier_cycle
 
 logger = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         except PolicyError as exc:
             if self.plan.enabled:
                 raise
-            logger.error("aitp: %s; this worker runs without the janitor", exc)
+            logger.error("aitp: %s; this worker runs without the janitor", redact(exc))
             return False
         return True
 
@@ -173,7 +174,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         try:  # this process's counters (e.g. 'evacuated') are shipped by its live view
             self.middleware.live.current()
         except Exception as exc:  # a store outage must not stop the worker
-            logger.warning("aitp: live view not started: %r", exc)
+            logger.warning("aitp: live view not started: %s", redact(repr(exc)))
         if self.plan.enabled:
             self._spawn("aitp-advertise", self._advertise_loop)
         if self._follow_usage:  # fair share on the reading side: see worker/tier_cycle.py
@@ -192,7 +193,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
             try:
                 self.middleware.store.withdraw(self.hostname)
             except StoreError as exc:
-                logger.warning("aitp: could not withdraw advertisement: %s", exc)
+                logger.warning("aitp: could not withdraw advertisement: %s", redact(exc))
 
     def _spawn(self, name: str, target: Any) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -209,7 +210,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
                 self.middleware.store.advertise(self.hostname, self.plan.queue_names(), info,
                                                 settings.worker_ttl_s)
             except StoreError as exc:
-                logger.warning("aitp: advertisement failed: %s", exc)
+                logger.warning("aitp: advertisement failed: %s", redact(exc))
             if self._stop.wait(period):
                 return
 

@@ -23,14 +23,34 @@ def current_tenant() -> str | None:
     return getattr(_local, "tenant", None)
 
 
+def running_origin(task_id: str) -> float | None:
+    """When task ``task_id`` was first published, if this thread is running it now.
+
+    A retry is published by the task it retries, so its first-publish time is taken from
+    the ``aitp`` header the worker received, never from headers the caller hands over.
+    """
+    if task_id and getattr(_local, "task_id", None) == task_id:
+        origin: float | None = getattr(_local, "origin", None)
+        return origin
+    return None
+
+
 def enter(request: Any) -> None:
     header = getattr(request, "aitp", None)
-    tenant = header.get("tenant") if isinstance(header, Mapping) else None
+    if not isinstance(header, Mapping):
+        header = {}
+    tenant = header.get("tenant")
     _local.tenant = tenant if isinstance(tenant, str) else None
+    origin = header.get("origin_at") or header.get("decided_at")
+    _local.origin = float(origin) if isinstance(origin, (int, float)) and \
+        not isinstance(origin, bool) else None
+    _local.task_id = getattr(request, "id", None)
 
 
 def leave() -> None:
     _local.tenant = None
+    _local.origin = None
+    _local.task_id = None
 
 
 def connect(app: Any) -> None:

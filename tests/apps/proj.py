@@ -5,6 +5,7 @@ AITP_TEST_PREFIX   store key prefix (one per test)
 AITP_TEST_QUEUE    default queue name (one per test)
 AITP_TEST_POLICY   policy as JSON
 AITP_TEST_REFRESH_INTERVAL   the live view's refresh interval (default 0.5 s)
+AITP_TEST_TRANSPORT_OPTIONS  broker_transport_options as JSON (default none)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=600,
     worker_hijack_root_logger=False,
+    broker_transport_options=json.loads(os.environ.get("AITP_TEST_TRANSPORT_OPTIONS") or "{}"),
 )
 celery_aitp.install(
     app,
