@@ -18,6 +18,7 @@ from redis.retry import Retry
 
 from celery_aitp.errors import StageConflict, StoreError
 from celery_aitp.store.keys import Keys
+from celery_aitp.store.packed import entry_records
 
 HISTORY_LIMIT = 1000
 # Appends each ARGV[2..] as one entry {r: <json>} to a capped stream: one atomic command
@@ -218,12 +219,11 @@ class RedisStore:
                 raw = self.client.xrevrange(stream, count=count)
             else:
                 raw = self.client.xrange(stream, count=count)
-        out = []
-        for _id, fields in raw:
-            doc = _json_or_none(fields.get(b"r") if isinstance(fields, dict) else None)
-            if isinstance(doc, dict):
-                out.append(doc)
-        return out
+        out: list[dict[str, Any]] = []
+        for _id, fields in raw:  # an entry may hold a packed batch (decisions)
+            docs = entry_records(fields)
+            out.extend(reversed(docs) if newest_first else docs)
+        return out if count is None else out[:count]
 
     def try_lock(self, key: str, ttl_s: float, owner: str) -> bool:
         """Take a short expiring lock; True if this caller holds it now."""
