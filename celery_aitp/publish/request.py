@@ -181,8 +181,8 @@ class Decision:
                 f'"task_id":{_quote(self.task_id)},{fragment},'
                 f'"predicted_runtime_s":{_number(self.predicted_runtime_s)},'
                 f'"predicted_p90_s":{_number(self.predicted_p90_s)},'
-                f'"score":{_number(self.score)},"factors":{_detail(self.factors)},'
-                f'"profile":{_detail(self.profile)},"tier_steps":{_detail(self.tier_steps)},'
+                f'"score":{_number(self.score)},"factors":{_factors(self.factors)},'
+                f'"profile":{_shared(self.profile)},"tier_steps":{_shared(self.tier_steps)},'
                 f'"decided_at":{_number(self.decided_at)},"origin_at":{_number(self.origin_at)}}}')
 
 
@@ -202,3 +202,39 @@ def _number(value: Any) -> str:
 
 def _detail(value: Any) -> str:
     return "null" if value is None else _ENCODE(value)
+
+
+#: JSON of detail objects the stages share between decisions (a task's merged profile,
+#: the tier steps of a score), by identity; the object is kept so its id is not reused.
+_SHARED_DETAIL: dict[int, tuple[Any, str]] = {}
+
+
+def _shared(value: Any) -> str:
+    """``_detail`` for objects the stages cache and never change after building them."""
+    if value is None:
+        return "null"
+    found = _SHARED_DETAIL.get(id(value))
+    if found is not None and found[0] is value:
+        return found[1]
+    if len(_SHARED_DETAIL) >= _SHARED_LIMIT:
+        _SHARED_DETAIL.clear()
+    text = _ENCODE(value)
+    _SHARED_DETAIL[id(value)] = (value, text)
+    return text
+
+
+def _factors(value: Any) -> str:
+    """The priority stage's factors (six finite floats, in a fixed order) without the
+    general encoder; anything else takes it."""
+    if type(value) is dict and len(value) == 6:
+        try:
+            a, b, c, d, e, f = (value["tenant"], value["sla"], value["impact"],
+                                value["resources"], value["runtime"], value["age"])
+        except KeyError:
+            return _detail(value)
+        if (type(a) is float and type(b) is float and type(c) is float and type(d) is float
+                and type(e) is float and type(f) is float and math.isfinite(a + b + c + d + e + f)):
+            # a sum of floats is finite only if every one is
+            return (f'{{"tenant":{a!r},"sla":{b!r},"impact":{c!r},"resources":{d!r},'
+                    f'"runtime":{e!r},"age":{f!r}}}')
+    return _detail(value)
