@@ -169,8 +169,10 @@ def verify_check_rows(compiled: CompiledRuntimeModel, meta: Mapping[str, Any],
         if not isinstance(row, list) or len(row) != width:
             raise ModelError("a check row does not have one value per feature")
         try:
-            got = compiled.raw([_float(v) for v in row])
+            x = [_float(v) for v in row]
+            got = compiled.raw(x)
             ok = _close(got[0], float(want50)) and _close(got[1], float(want90))
+            compiled.check_key_scores(x)
         except (TypeError, ValueError):
             raise ModelError("a check row holds something other than numbers") from None
         if not ok:
