@@ -271,7 +271,7 @@ def compile_key_forests(dumps: Sequence[Mapping[str, Any]], usage: _Usage
              namespace)
     except (SyntaxError, RecursionError, MemoryError):
         return None
-    return namespace["key_forests"]  # type: ignore[no-any-return]
+    return namespace["key_forests"]
 
 
 class CompiledRuntimeModel:
