@@ -26,6 +26,7 @@ from celery_aitp.errors import ModelError
 from celery_aitp.predict.compiled import CompiledRuntimeModel
 from celery_aitp.predict.features import CATEGORICAL, SCHEMA, FeatureSpec
 from celery_aitp.predict.lgb_text import parse_model_text
+from celery_aitp.predict.request_key import compile_request_key
 
 FORMAT = "celery_aitp.runtime/1"
 _FILES = ("meta.json", "p50.txt", "p90.txt")
@@ -90,6 +91,8 @@ class LoadedModel:
         self.version = bundle.version
         self.spec = spec
         self.compiled = compiled
+        #: The cache key straight from a task's arguments (None: build the vector).
+        self.request_key = compile_request_key(spec, compiled)
 
     def __repr__(self) -> str:
         return f"<LoadedModel {self.version} features={len(self.spec.names)}>"

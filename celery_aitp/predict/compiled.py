@@ -298,16 +298,26 @@ class CompiledRuntimeModel:
 
     def predict(self, x: Vector) -> tuple[float, float, bool]:
         key = self.key(x)
+        if self.key_scores is not None:
+            return self.predict_key(key)
         found = self.cache.get(key)
         if found is not None:
             return found[0], found[1], True
-        key_scores = self.key_scores
-        if key_scores is not None:
-            low, offset = key_scores(key)
-            p50 = _seconds(low)
-            p90 = _seconds(low + offset) if offset > 0.0 else p50
-        else:
-            p50, p90 = self.evaluate(x)
+        p50, p90 = self.evaluate(x)
+        cache = self.cache
+        if len(cache) >= self.cache_size:
+            cache.clear()
+        cache[key] = (p50, p90)
+        return p50, p90, False
+
+    def predict_key(self, key: tuple[Any, ...]) -> tuple[float, float, bool]:
+        """``predict`` from the cache key alone (needs ``key_scores``)."""
+        found = self.cache.get(key)
+        if found is not None:
+            return found[0], found[1], True
+        low, offset = self.key_scores(key)  # type: ignore[misc]
+        p50 = _seconds(low)
+        p90 = _seconds(low + offset) if offset > 0.0 else p50
         cache = self.cache
         if len(cache) >= self.cache_size:
             cache.clear()

@@ -71,7 +71,7 @@ class Decision:
         "task", "task_id", "tenant", "tier", "accelerator", "features", "predicted_runtime_s",
         "predicted_p90_s", "prediction_source", "profile", "score", "factors",
         "queue", "routed", "reason", "stage", "arm", "decided_at", "notes",
-        "tier_steps", "origin_at",
+        "tier_steps", "origin_at", "feature_key",
     )
 
     def __init__(self, stage: str, decided_at: float, task: str = "", task_id: str = "") -> None:
@@ -82,6 +82,8 @@ class Decision:
         self.accelerator: str = ""
         #: Feature vector of the model in use (names: ``model.spec.names``); () without one.
         self.features: tuple[Any, ...] = ()
+        #: The model's cache key, when the features stage computes it without the vector.
+        self.feature_key: tuple[Any, ...] | None = None
         self.predicted_runtime_s: float | None = None
         self.predicted_p90_s: float | None = None
         self.prediction_source: str | None = None
@@ -109,8 +111,9 @@ class Decision:
 
         Always: v, tenant, tier, accelerator, predicted_runtime_s (null when unknown),
         stage, routed, queue, reason, decided_at. Optional fields (predicted_p90_s,
-        prediction_source, arm, score, origin_at) are left out when unset: every byte is
-        JSON-encoded on each publish. Readers use ``header.get(field)``.
+        prediction_source, arm, score, origin_at) are left out when unset, and origin_at
+        also when it equals decided_at (a first publish): every byte is JSON-encoded on
+        each publish. Readers use ``header.get(field)`` (``origin_at or decided_at``).
         """
         header = {
             "v": HEADER_VERSION,
@@ -131,8 +134,9 @@ class Decision:
             header["arm"] = self.arm
         if self.score is not None:
             header["score"] = self.score
-        if self.origin_at is not None:
-            header["origin_at"] = self.origin_at
+        origin = self.origin_at
+        if origin is not None and origin != self.decided_at:  # a retry's first publish
+            header["origin_at"] = origin
         return header
 
     def record(self) -> dict[str, Any]:

@@ -1,0 +1,100 @@
+"""The prediction cache key straight from a task's arguments, without the feature vector.
+
+:meth:`FeatureSpec.vector` builds every feature and :func:`compiled.compile_key` then
+bins the ones the model uses; on the publish path that was two calls and a 21-value
+tuple per task. This module generates, once per model, one function computing only the
+used features (each exactly as ``vector`` does) and binning each in place, so
+``request_key(...) == compiled.key(spec.vector(...))`` for every input. A cache miss then
+walks the forests over that key (``CompiledRuntimeModel.key_scores``), so the vector is
+never built on the publish path. The generated source holds only names, indices and
+numbers produced here; vocabularies and thresholds are passed in as objects.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable
+from typing import Any
+
+from celery_aitp.predict.compiled import CompiledRuntimeModel
+from celery_aitp.predict.features import (
+    _NO_HISTORY,
+    BASE_FEATURES,
+    NAN,
+    FeatureSpec,
+    _number_or_nan,
+    hour_and_weekday,
+    value_of,
+)
+
+RequestKey = Callable[..., tuple[Any, ...]]
+_ARGS = ("task", "tenant", "args", "kwargs", "args_bytes", "kwargs_bytes", "hint_s",
+         "retries", "published_at", "history")
+_BASE = {name: j for j, name in enumerate(BASE_FEATURES)}
+
+
+def _raw(j: int, spec: FeatureSpec) -> str:
+    """The expression ``FeatureSpec.vector`` evaluates for feature ``j``."""
+    name = spec.names[j]
+    if j >= len(BASE_FEATURES):
+        return f"_v(kwargs.get({spec.kwarg_names[j - len(BASE_FEATURES)]!r}))"
+    if name.startswith("arg") and name[3:].isdigit():
+        i = int(name[3:])
+        return f"(_v(args[{i}]) if len(args) > {i} else NAN)"
+    return {
+        "task": "TASKS.get(task, NAN)",
+        "tenant": "TENANTS.get(tenant, NAN)",
+        "n_args": "len(args)",
+        "n_kwargs": "len(kwargs)",
+        "args_bytes": "(args_bytes if type(args_bytes) is int else _nn(args_bytes))",
+        "kwargs_bytes": "(kwargs_bytes if type(kwargs_bytes) is int else _nn(kwargs_bytes))",
+        "hint_s": "(NAN if hint_s is None else _nn(hint_s))",
+        "retries": "(retries if type(retries) is int else NAN)",
+        "hour": "hour", "weekday": "weekday",
+        "h_last2": "hist[0]", "h_mean": "hist[1]", "h_count": "hist[2]",
+    }[name]
+
+
+def compile_request_key(spec: FeatureSpec, compiled: CompiledRuntimeModel
+                        ) -> RequestKey | None:
+    """``f(task, tenant, args, kwargs, args_bytes, kwargs_bytes, hint_s, retries,
+    published_at, history)`` returning the model's cache key; None without key forests."""
+    if compiled.key_scores is None or len(spec.names) != compiled.n_features:
+        return None
+    used = compiled.used_features
+    names = {spec.names[j] for j in used}
+    lines = [f"def request_key({', '.join(_ARGS)}):"]
+    if names & {"n_args", "arg0", "arg1", "arg2", "arg3"}:
+        lines.append("    if type(args) is not tuple and type(args) is not list:")
+        lines.append("        args = ()")
+    if "n_kwargs" in names or any(j >= len(BASE_FEATURES) for j in used):
+        lines.append("    if not isinstance(kwargs, dict):")
+        lines.append("        kwargs = {}")
+    if names & {"hour", "weekday"}:
+        lines += [
+            "    if type(published_at) is float and 0.0 <= published_at < 1e12:",
+            "        days, seconds = divmod(int(published_at), 86400)",
+            "        hour, weekday = seconds // 3600, (days + 3) % 7",
+            "    else:",
+            "        hour, weekday = _hw(published_at)",
+        ]
+    if names & {"h_last2", "h_mean", "h_count"}:
+        lines.append("    hist = history or _NOH")
+    namespace: dict[str, Any] = {
+        "NAN": NAN, "_v": value_of, "_nn": _number_or_nan, "_hw": hour_and_weekday,
+        "_NOH": _NO_HISTORY, "_bl": bisect_left, "TASKS": spec.tasks, "TENANTS": spec.tenants,
+    }
+    parts = []
+    for p, j in enumerate(used):
+        lines.append(f"    f{p} = {_raw(j, spec)}")
+        if j in compiled.categories:
+            namespace[f"C{p}"] = compiled.categories[j]
+            parts.append(f"((f{p} if f{p} in C{p} else -2) if f{p} == f{p} else -1)")
+        else:
+            namespace[f"T{p}"] = compiled.thresholds[j]
+            parts.append(f"(_bl(T{p}, f{p}) if f{p} == f{p} else -1)")
+    lines.append(f"    return ({', '.join(parts)}{',' if len(parts) == 1 else ''})")
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, "<celery_aitp compiled request key>", "exec"), namespace)  # noqa: S102
+    return namespace["request_key"]
+
