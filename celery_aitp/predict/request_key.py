@@ -20,6 +20,7 @@ from celery_aitp.predict.compiled import CompiledRuntimeModel
 from celery_aitp.predict.features import (
     _NO_HISTORY,
     BASE_FEATURES,
+    BIG,
     NAN,
     FeatureSpec,
     _number_or_nan,
@@ -37,10 +38,10 @@ def _raw(j: int, spec: FeatureSpec) -> str:
     """The expression ``FeatureSpec.vector`` evaluates for feature ``j``."""
     name = spec.names[j]
     if j >= len(BASE_FEATURES):
-        return f"_v(kwargs.get({spec.kwarg_names[j - len(BASE_FEATURES)]!r}))"
+        return _number(f"kwargs.get({spec.kwarg_names[j - len(BASE_FEATURES)]!r})")
     if name.startswith("arg") and name[3:].isdigit():
         i = int(name[3:])
-        return f"(_v(args[{i}]) if len(args) > {i} else NAN)"
+        return f"({_number(f'args[{i}]')} if len(args) > {i} else NAN)"
     return {
         "task": "TASKS.get(task, NAN)",
         "tenant": "TENANTS.get(tenant, NAN)",
@@ -53,6 +54,12 @@ def _raw(j: int, spec: FeatureSpec) -> str:
         "hour": "hour", "weekday": "weekday",
         "h_last2": "hist[0]", "h_mean": "hist[1]", "h_count": "hist[2]",
     }[name]
+
+
+def _number(expression: str) -> str:
+    """``value_of(expression)`` with its common case (a plain int or float) inlined."""
+    return (f"(x if (type(x := {expression}) is int or type(x) is float) "
+            f"and -{BIG!r} < x < {BIG!r} else _v(x))")
 
 
 def compile_request_key(spec: FeatureSpec, compiled: CompiledRuntimeModel
