@@ -112,7 +112,6 @@ class DecisionLog:
         args: list[Any] = []
         n = 0
         with _translated():
-            pipe = self.store.client.pipeline(transaction=False)
             for item in records:
                 if hasattr(item, "record_json"):  # a Decision: the fast encoder, stamped
                     task_id, text = item.task_id, item.record_json()[:-1] + stamp
@@ -129,19 +128,18 @@ class DecisionLog:
                     args += _entry(texts, ids)
                     texts, ids = [], []
                     if len(args) >= 3 * _ENTRIES_PER_CALL:
-                        self._queue(pipe, args)
+                        self._call(args)
                         args = []
             if texts:
                 args += _entry(texts, ids)
             if args:
-                self._queue(pipe, args)
-            if n:
-                pipe.execute()
+                self._call(args)
         return n
 
-    def _queue(self, pipe: Any, args: list[Any]) -> None:
+    def _call(self, args: list[Any]) -> None:
+        # EVALSHA straight away (a pipeline would check SCRIPT EXISTS on every flush)
         self._script(keys=[self.stream, self.index, self.order, self.count],
-                     args=[self.maxlen, *args], client=pipe)
+                     args=[self.maxlen, *args])
 
     def find(self, task_id: str) -> dict[str, Any] | None:
         """The latest decision recorded for ``task_id``, or None."""
