@@ -56,6 +56,34 @@ def _raw(j: int, spec: FeatureSpec) -> str:
     }[name]
 
 
+_HISTORY = {"h_last2": 0, "h_mean": 1, "h_count": 2}
+#: History tuples whose bins are kept before the cache starts over.
+HISTORY_CACHE = 4096
+
+
+def _bin(p: int, j: int, compiled: CompiledRuntimeModel, namespace: dict[str, Any]) -> str:
+    """The key's expression for used feature ``j`` (the ``p``-th), from its value ``f<p>``."""
+    if j in compiled.categories:
+        namespace[f"C{p}"] = compiled.categories[j]
+        return f"((f{p} if f{p} in C{p} else -2) if f{p} == f{p} else -1)"
+    namespace[f"T{p}"] = compiled.thresholds[j]
+    return f"(_bl(T{p}, f{p}) if f{p} == f{p} else -1)"
+
+
+def _history_binner(parts: list[str], namespace: dict[str, Any]) -> Callable[..., Any]:
+    """``hist -> (hist, bins...)``, remembered by identity in ``namespace['HB']``."""
+    source = (
+        "def _history_bins(hist):\n"
+        f"    found = (hist, {', '.join(parts)})\n"
+        f"    if len(HB) >= {HISTORY_CACHE}:\n"
+        "        HB.clear()\n"
+        "    HB[id(hist)] = found\n"
+        "    return found\n"
+    )
+    exec(compile(source, "<celery_aitp compiled history bins>", "exec"), namespace)  # noqa: S102
+    return namespace["_history_bins"]
+
+
 def _number(expression: str) -> str:
     """``value_of(expression)`` with its common case (a plain int or float) inlined."""
     return (f"(x if (type(x := {expression}) is int or type(x) is float) "
@@ -85,21 +113,40 @@ def compile_request_key(spec: FeatureSpec, compiled: CompiledRuntimeModel
             "    else:",
             "        hour, weekday = _hw(published_at)",
         ]
-    if names & {"h_last2", "h_mean", "h_count"}:
-        lines.append("    hist = history or _NOH")
+    history_used = [j for j in used if spec.names[j] in _HISTORY]
+    if history_used:  # bins of the (tenant, task) history, per history tuple (cached)
+        lines += [
+            "    hist = history or _NOH",
+            "    hb = HB.get(id(hist))",
+            "    if hb is None or hb[0] is not hist:",
+            "        hb = _history_bins(hist)",
+        ]
     namespace: dict[str, Any] = {
         "NAN": NAN, "_v": value_of, "_nn": _number_or_nan, "_hw": hour_and_weekday,
         "_NOH": _NO_HISTORY, "_bl": bisect_left, "TASKS": spec.tasks, "TENANTS": spec.tenants,
+        "HB": {},
     }
     parts = []
+    history_parts = []
     for p, j in enumerate(used):
+        name = spec.names[j]
+        if name in ("task", "tenant") and j in compiled.categories:
+            vocabulary = spec.tasks if name == "task" else spec.tenants
+            namespace[f"K{p}"] = {
+                word: code if code in compiled.categories[j] else -2
+                for word, code in vocabulary.items()
+            }
+            parts.append(f"K{p}.get({name}, -1)")  # an unknown name is missing: -1
+            continue
+        expression = _bin(p, j, compiled, namespace)
+        if name in _HISTORY:
+            history_parts.append(f"(lambda f{p}: {expression})(hist[{_HISTORY[name]}])")
+            parts.append(f"hb[{len(history_parts)}]")
+            continue
         lines.append(f"    f{p} = {_raw(j, spec)}")
-        if j in compiled.categories:
-            namespace[f"C{p}"] = compiled.categories[j]
-            parts.append(f"((f{p} if f{p} in C{p} else -2) if f{p} == f{p} else -1)")
-        else:
-            namespace[f"T{p}"] = compiled.thresholds[j]
-            parts.append(f"(_bl(T{p}, f{p}) if f{p} == f{p} else -1)")
+        parts.append(expression)
+    if history_used:
+        namespace["_history_bins"] = _history_binner(history_parts, namespace)
     lines.append(f"    return ({', '.join(parts)}{',' if len(parts) == 1 else ''})")
     source = "\n".join(lines) + "\n"
     exec(compile(source, "<celery_aitp compiled request key>", "exec"), namespace)  # noqa: S102
