@@ -75,6 +75,7 @@ class Middleware:
         self.counters = Counters()
         self._declared: dict[str, Mapping[str, Any]] = {}
         self._queues: dict[str, Queue] = {}
+        self._tier_targets: dict[str, tuple[Queue, int]] = {}  # name -> (queue, priority)
         self._lock = threading.Lock()
         self._config_error_reported = False
 
@@ -335,10 +336,14 @@ class Middleware:
                     options["priority"] = priority
 
     def _send_to_tier(self, options: dict[str, Any], name: str) -> None:
-        options["queue"] = self.queue(name)
-        _drop_destination(options)
-        # the layout's priority keeps tiers strict: 0 on Redis, the tier on RabbitMQ
-        options["priority"] = self.layout.priority(name)
+        found = self._tier_targets.get(name)
+        if found is None:
+            # the layout's priority keeps tiers strict: 0 on Redis, the tier on RabbitMQ
+            found = self._tier_targets[name] = (self.queue(name), self.layout.priority(name))
+        options["queue"], options["priority"] = found
+        options.pop("exchange", None)
+        options.pop("routing_key", None)
+        options.pop("exchange_type", None)
 
     def close(self) -> None:
         """Flush telemetry and stop the refresher (process shutdown)."""

@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from celery_aitp.policy import Policy
-from celery_aitp.store.redis_store import HISTORY_LIMIT, RedisStore, _json_or_none, _translated
+from celery_aitp.store.redis_store import (
+    HISTORY_LIMIT,
+    RedisStore,
+    _json_or_none,
+    translated_errors,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +81,7 @@ class PolicyRecorder:
 
     def record(self, store: RedisStore) -> bool:
         """Append if the newest entry has another digest; True if appended."""
-        with _translated():
+        with translated_errors():
             script = store.client.register_script(_RECORD)
             added = script(keys=[store.keys.policy_history],
                            args=[self.digest, json.dumps(self.entry()), HISTORY_LIMIT])
@@ -93,6 +98,6 @@ class PolicyRecorder:
 
 def policy_history(store: RedisStore, limit: int = 50) -> list[dict[str, Any]]:
     """Recorded policy changes, newest first."""
-    with _translated():
+    with translated_errors():
         raw = store.client.lrange(store.keys.policy_history, 0, max(0, limit - 1))
     return [doc for doc in map(_json_or_none, raw) if isinstance(doc, dict)]

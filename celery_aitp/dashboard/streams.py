@@ -8,43 +8,29 @@ dashboard looks like an ordinary counter reset, not a burst.
 
 from __future__ import annotations
 
-import json
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import redis
-
-from celery_aitp.errors import StoreError
-from celery_aitp.redact import redact
+from celery_aitp.store.packed import entry_records
+from celery_aitp.store.redis_store import translated_errors
 
 BATCH = 2000
 MAX_BATCHES_PER_POLL = 10
+#: Entries read per backwards page (back-fill, search).
+BACKFILL_PAGE = 500
 
 
-@contextmanager
-def _translated() -> Iterator[None]:
-    try:
-        yield
-    except (redis.RedisError, OSError) as exc:
-        raise StoreError(redact(f"store unreachable: {type(exc).__name__}: {exc}")) from exc
-
-
-def _decode(entry_id: Any, fields: Any) -> tuple[str, float, dict[str, Any]] | None:
+def _decode(entry_id: Any, fields: Any) -> tuple[str, float, list[dict[str, Any]]] | None:
+    """The entry's id, its write time, and its records (one, or a packed batch)."""
     sid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-    raw = fields.get(b"r", fields.get("r")) if isinstance(fields, dict) else None
-    try:
-        doc = json.loads(raw) if raw is not None else None
-    except (ValueError, TypeError):
-        return None
-    if not isinstance(doc, dict):
+    docs = entry_records(fields)
+    if not docs:
         return None
     try:
         at = int(sid.split("-", 1)[0]) / 1000.0
     except ValueError:
         return None
-    return sid, at, doc
+    return sid, at, docs
 
 
 class StreamTail:
@@ -65,30 +51,40 @@ class StreamTail:
             return []
         new: list[dict[str, Any]] = []
         for _ in range(MAX_BATCHES_PER_POLL):
-            with _translated():
+            with translated_errors():
                 raw = self.client.xrange(self.key, min=f"({self.cursor}", count=BATCH)
             for entry_id, fields in raw:
                 self.cursor = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
                 decoded = _decode(entry_id, fields)
                 if decoded is not None:
-                    self.recent.append((decoded[1], decoded[2]))
-                    new.append(decoded[2])
+                    self.recent.extend((decoded[1], doc) for doc in decoded[2])
+                    new.extend(decoded[2])
             if len(raw) < BATCH:
                 break
         self._prune(now)
         return new
 
     def _backfill(self) -> None:
-        with _translated():
-            raw = self.client.xrevrange(self.key, count=self.recent.maxlen)
+        wanted = self.recent.maxlen or 0
+        with translated_errors():
+            raw = self.client.xrevrange(self.key, count=max(1, min(wanted, BACKFILL_PAGE)))
         self.cursor = "0-0"
         if raw:
             first = raw[0][0]
             self.cursor = first.decode() if isinstance(first, bytes) else str(first)
-        for entry_id, fields in reversed(raw):
-            decoded = _decode(entry_id, fields)
-            if decoded is not None:
-                self.recent.append((decoded[1], decoded[2]))
+        found: list[tuple[float, dict[str, Any]]] = []  # newest first
+        while raw:
+            for entry_id, fields in raw:
+                decoded = _decode(entry_id, fields)
+                if decoded is not None:
+                    found.extend((decoded[1], doc) for doc in reversed(decoded[2]))
+            if len(found) >= wanted or len(raw) < BACKFILL_PAGE:
+                break  # a packed stream fills the window from a few entries
+            last = raw[-1][0]
+            with translated_errors():
+                raw = self.client.xrevrange(self.key, max=f"({_sid(last)}",
+                                            count=BACKFILL_PAGE)
+        self.recent.extend(reversed(found[:wanted]))
 
     def _prune(self, now: float) -> None:
         horizon = now - self.window_s
@@ -100,14 +96,27 @@ class StreamTail:
         return [doc for _, doc in list(self.recent)]  # list(): one atomic copy
 
     def find(self, field: str, value: str, scan_limit: int = 20_000) -> dict[str, Any] | None:
-        """The newest record with ``field == value``: the window first, then the stream."""
+        """The newest record with ``field == value``: the window first, then the newest
+        ``scan_limit`` records of the stream."""
         for _, doc in reversed(list(self.recent)):  # the refresher may append meanwhile
             if doc.get(field) == value:
                 return doc
-        with _translated():
-            raw = self.client.xrevrange(self.key, count=scan_limit)
-        for entry_id, fields in raw:
-            decoded = _decode(entry_id, fields)
-            if decoded is not None and decoded[2].get(field) == value:
-                return decoded[2]
+        scanned = 0
+        top = "+"
+        while scanned < scan_limit:
+            with translated_errors():
+                raw = self.client.xrevrange(self.key, max=top, count=BACKFILL_PAGE)
+            for entry_id, fields in raw:
+                decoded = _decode(entry_id, fields)
+                for doc in reversed(decoded[2]) if decoded is not None else ():
+                    if doc.get(field) == value:
+                        return doc
+                scanned += len(decoded[2]) if decoded is not None else 1
+            if len(raw) < BACKFILL_PAGE:
+                break
+            top = f"({_sid(raw[-1][0])}"
         return None
+
+
+def _sid(entry_id: Any) -> str:
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)

@@ -13,7 +13,7 @@ from typing import Any
 from celery_aitp.errors import StoreError
 from celery_aitp.migration.describe import when
 from celery_aitp.store import RedisStore
-from celery_aitp.store.redis_store import _translated
+from celery_aitp.store.redis_store import translated_errors
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -37,7 +37,7 @@ def lock_key(store: RedisStore) -> str:
 
 def read_guard_state(store: RedisStore) -> dict[str, Any] | None:
     """The last state a guard wrote, or None if none ever ran."""
-    with _translated():
+    with translated_errors():
         raw = store.client.get(state_key(store))
     try:
         doc = json.loads(raw) if raw else None
@@ -47,7 +47,7 @@ def read_guard_state(store: RedisStore) -> dict[str, Any] | None:
 
 
 def write_guard_state(store: RedisStore, doc: dict[str, Any]) -> None:
-    with _translated():
+    with translated_errors():
         store.client.set(state_key(store), json.dumps({**doc, "updated_at": time.time()}))
 
 
@@ -58,14 +58,14 @@ def acquire(store: RedisStore, owner: str, ttl_s: float) -> bool:
 
 def renew(store: RedisStore, owner: str, ttl_s: float) -> bool:
     """Extend the lock if this owner still holds it."""
-    with _translated():
+    with translated_errors():
         held = store.client.eval(_RENEW, 1, lock_key(store), owner, max(1, int(ttl_s * 1000)))
     return bool(held)
 
 
 def release(store: RedisStore, owner: str) -> None:
     try:
-        with _translated():
+        with translated_errors():
             store.client.eval(_RELEASE, 1, lock_key(store), owner)
     except StoreError:
         pass  # it expires on its own

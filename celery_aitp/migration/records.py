@@ -6,11 +6,11 @@ since t" or "since the last id I read" is one XRANGE, not a scan of the whole st
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from celery_aitp.store import RedisStore
-from celery_aitp.store.redis_store import _text, _translated
+from celery_aitp.store.packed import entry_records
+from celery_aitp.store.redis_store import _text, translated_errors
 
 #: Most records one read returns (a window larger than this is truncated, oldest kept).
 MAX_RECORDS = 100_000
@@ -21,13 +21,7 @@ def _decode(entries: list[Any]) -> tuple[list[dict[str, Any]], str | None]:
     last = None
     for entry_id, fields in entries:
         last = _text(entry_id)
-        raw = fields.get(b"r") if isinstance(fields, dict) else None
-        try:
-            doc = json.loads(raw) if raw is not None else None
-        except ValueError:
-            continue
-        if isinstance(doc, dict):
-            out.append(doc)
+        out.extend(entry_records(fields))  # one record, or a packed batch (decisions)
     return out, last
 
 
@@ -36,7 +30,8 @@ def records_since(store: RedisStore, stream: str, since: float | None = None,
                   limit: int = MAX_RECORDS) -> tuple[list[dict[str, Any]], str | None]:
     """Records written after ``after_id`` (exclusive) or at/after Unix time ``since``.
 
-    Returns the records, oldest first, and the id of the last one (pass it back as
+    ``limit`` counts stream entries (a packed entry holds many records). Returns the
+    records, oldest first, and the id of the last entry read (pass it back as
     ``after_id`` to read only what came next); the id is ``after_id`` when none came.
     """
     if after_id is not None:
@@ -45,7 +40,7 @@ def records_since(store: RedisStore, stream: str, since: float | None = None,
         start = str(max(0, int(since * 1000)))
     else:
         start = "-"
-    with _translated():
+    with translated_errors():
         entries = store.client.xrange(stream, min=start, max="+", count=limit)
     records, last = _decode(entries)
     return records, last or after_id
@@ -53,14 +48,14 @@ def records_since(store: RedisStore, stream: str, since: float | None = None,
 
 def latest_records(store: RedisStore, stream: str, count: int) -> list[dict[str, Any]]:
     """The newest ``count`` records, oldest first."""
-    with _translated():
+    with translated_errors():
         entries = store.client.xrevrange(stream, max="+", min="-", count=count)
     records, _ = _decode(list(reversed(entries)))
-    return records
+    return records[-count:] if count > 0 else []
 
 
 def last_id(store: RedisStore, stream: str) -> str | None:
     """The id of the newest record (a cursor meaning "from now on"), None if empty."""
-    with _translated():
+    with translated_errors():
         entries = store.client.xrevrange(stream, max="+", min="-", count=1)
     return _text(entries[0][0]) if entries else None

@@ -26,6 +26,7 @@ from celery_aitp.errors import ModelError
 from celery_aitp.predict.compiled import CompiledRuntimeModel
 from celery_aitp.predict.features import CATEGORICAL, SCHEMA, FeatureSpec
 from celery_aitp.predict.lgb_text import parse_model_text
+from celery_aitp.predict.request_key import compile_request_key
 
 FORMAT = "celery_aitp.runtime/1"
 _FILES = ("meta.json", "p50.txt", "p90.txt")
@@ -90,6 +91,8 @@ class LoadedModel:
         self.version = bundle.version
         self.spec = spec
         self.compiled = compiled
+        #: The cache key straight from a task's arguments (None: build the vector).
+        self.request_key = compile_request_key(spec, compiled)
 
     def __repr__(self) -> str:
         return f"<LoadedModel {self.version} features={len(self.spec.names)}>"
@@ -169,8 +172,10 @@ def verify_check_rows(compiled: CompiledRuntimeModel, meta: Mapping[str, Any],
         if not isinstance(row, list) or len(row) != width:
             raise ModelError("a check row does not have one value per feature")
         try:
-            got = compiled.raw([_float(v) for v in row])
+            x = [_float(v) for v in row]
+            got = compiled.raw(x)
             ok = _close(got[0], float(want50)) and _close(got[1], float(want90))
+            compiled.check_key_scores(x)
         except (TypeError, ValueError):
             raise ModelError("a check row holds something other than numbers") from None
         if not ok:

@@ -200,6 +200,80 @@ def compile_key(usage: _Usage, n_features: int) -> Callable[[Vector], tuple[Any,
     return namespace["key"]
 
 
+def _bin_condition(node: Mapping[str, Any], position: dict[int, int],
+                   thresholds: Mapping[int, tuple[float, ...]]) -> str:
+    """``_condition`` over the cache key: the interval index of each used feature.
+
+    For a threshold ``t = T[k]`` of a feature's sorted thresholds ``T`` and a non-NaN
+    value ``f`` with key ``b = bisect_left(T, f)``: ``f <= t`` exactly when ``b <= k``.
+    NaN has key -1 and the zero band ``[-ZERO_THRESHOLD, ZERO_THRESHOLD]`` is the keys
+    between the two zero edges, so each of LightGBM's missing-value rules has its exact
+    integer form, and a category keeps its own code (others are -2 or -1, in no set).
+    """
+    j = node["split_feature"]
+    b = f"b{position[j]}"
+    if node.get("decision_type") == "==":
+        return f"{b} in {{{', '.join(str(c) for c in sorted(_categories(node)))}}}"
+    ts = thresholds[j]
+    t = _number(node.get("threshold"), "threshold")
+    k = ts.index(t)
+    missing = node.get("missing_type", "None")
+    left = bool(node.get("default_left"))
+    if missing == "NaN":
+        nan_left = left
+    elif missing == "Zero":
+        low, high = ts.index(_ZERO_EDGES[0]) + 1, ts.index(_ZERO_EDGES[1])
+        zero = f"{low} <= {b} <= {high}"
+        return f"({b} <= {k} or {zero})" if left else f"(0 <= {b} <= {k} and not {zero})"
+    else:  # NaN goes where 0.0 goes
+        nan_left = t >= 0.0
+    return f"{b} <= {k}" if nan_left else f"0 <= {b} <= {k}"
+
+
+def _emit_bins(node: Mapping[str, Any], depth: int, lines: list[str],
+               position: dict[int, int], thresholds: Mapping[int, tuple[float, ...]],
+               total: str) -> None:
+    pad = "    " * depth
+    if "leaf_value" in node:
+        lines.append(f"{pad}{total} += {_number(node['leaf_value'], 'leaf value')!r}")
+        return
+    lines.append(f"{pad}if {_bin_condition(node, position, thresholds)}:")
+    _emit_bins(node["left_child"], depth + 1, lines, position, thresholds, total)
+    lines.append(f"{pad}else:")
+    _emit_bins(node["right_child"], depth + 1, lines, position, thresholds, total)
+
+
+def compile_key_forests(dumps: Sequence[Mapping[str, Any]], usage: _Usage
+                        ) -> Callable[[tuple[Any, ...]], tuple[float, ...]] | None:
+    """The forests of :func:`compile_forests` over the cache key of :func:`compile_key`.
+
+    A cache miss then walks integer intervals the key already computed instead of the
+    feature vector: the same leaves in the same order, so the same doubles. None when a
+    feature is split both as a number and as a category (the vector is walked then).
+    Call only with dumps :func:`compile_forests` accepted.
+    """
+    if set(usage.thresholds) & set(usage.categories):
+        return None
+    used = sorted(set(usage.thresholds) | set(usage.categories))
+    position = {j: p for p, j in enumerate(used)}
+    thresholds = {j: tuple(sorted(ts)) for j, ts in usage.thresholds.items()}
+    names = ", ".join(f"b{p}" for p in range(len(used)))
+    lines = ["def key_forests(k):", f"    ({names},) = k" if used else "    pass"]
+    totals = [f"s{i}" for i in range(len(dumps))]
+    for total, dump in zip(totals, dumps, strict=True):
+        lines.append(f"    {total} = 0.0")
+        for root in _trees(dump):
+            _emit_bins(root, 1, lines, position, thresholds, total)
+    lines.append(f"    return ({', '.join(totals)},)")
+    namespace: dict[str, Any] = {}
+    try:
+        exec(compile("\n".join(lines) + "\n", "<celery_aitp compiled key forests>", "exec"),  # noqa: S102
+             namespace)
+    except (SyntaxError, RecursionError, MemoryError):
+        return None
+    return namespace["key_forests"]
+
+
 class CompiledRuntimeModel:
     """Median and upper-quantile runtime (seconds) of a feature vector, in microseconds.
 
@@ -213,6 +287,8 @@ class CompiledRuntimeModel:
         self.n_features = n_features
         self.scores, usage, _ = compile_forests([p50_dump, p90_dump], n_features)
         self.key = compile_key(usage, n_features)
+        #: The same forests over the key (what a cache miss walks), or None.
+        self.key_scores = compile_key_forests([p50_dump, p90_dump], usage)
         #: Per used feature: its sorted thresholds (numeric) or its split categories.
         self.thresholds = {j: tuple(sorted(ts)) for j, ts in usage.thresholds.items()}
         self.categories = {j: frozenset(cs) for j, cs in usage.categories.items()}
@@ -222,6 +298,8 @@ class CompiledRuntimeModel:
 
     def predict(self, x: Vector) -> tuple[float, float, bool]:
         key = self.key(x)
+        if self.key_scores is not None:
+            return self.predict_key(key)
         found = self.cache.get(key)
         if found is not None:
             return found[0], found[1], True
@@ -231,6 +309,25 @@ class CompiledRuntimeModel:
             cache.clear()
         cache[key] = (p50, p90)
         return p50, p90, False
+
+    def predict_key(self, key: tuple[Any, ...]) -> tuple[float, float, bool]:
+        """``predict`` from the cache key alone (needs ``key_scores``)."""
+        found = self.cache.get(key)
+        if found is not None:
+            return found[0], found[1], True
+        low, offset = self.key_scores(key)  # type: ignore[misc]
+        p50 = _seconds(low)
+        p90 = _seconds(low + offset) if offset > 0.0 else p50
+        cache = self.cache
+        if len(cache) >= self.cache_size:
+            cache.clear()
+        cache[key] = (p50, p90)
+        return p50, p90, False
+
+    def check_key_scores(self, x: Vector) -> None:
+        """Walk ``x`` both ways; on any difference stop using the key forests (safe)."""
+        if self.key_scores is not None and self.key_scores(self.key(x)) != self.scores(x):
+            self.key_scores = None
 
     def evaluate(self, x: Vector) -> tuple[float, float]:
         """Run both forests (no cache): (p50 seconds, p90 seconds), p90 never below p50."""

@@ -24,7 +24,9 @@ from celery_aitp.publish.request import Decision, Request
 
 
 class FeatureStage:
-    """Computes the model's feature vector into ``decision.features`` (when a model is in use)."""
+    """The model's inputs, when a model is in use: its cache key (``decision.feature_key``,
+    built straight from the arguments), or the feature vector (``decision.features``) for
+    a model whose forests cannot be walked over the key."""
 
     name = "features"
 
@@ -40,11 +42,16 @@ class FeatureStage:
         tenant = decision.tenant
         task = request.task
         history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features.get((tenant, task))
-        decision.features = model.spec.vector(
+        build = model.request_key or model.spec.vector  # the key alone when it can
+        values = build(
             task, tenant, request.args, request.kwargs, request.args_bytes,
             request.kwargs_bytes, request.declared.get("runtime_hint_s"), request.retries,
             request.published_at, history,
         )
+        if build is model.spec.vector:
+            decision.features = values
+        else:
+            decision.feature_key = values
 
 
 class PredictStage:
@@ -57,6 +64,15 @@ class PredictStage:
         self.sources = (model or ModelSource(), history or HistorySource())
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
+        key = decision.feature_key
+        if key is not None:
+            model = view.sources.get(MODEL_SOURCE)
+            if model is not None and model.request_key is not None:
+                p50, p90, _hit = model.compiled.predict_key(key)
+                decision.predicted_runtime_s = p50
+                decision.predicted_p90_s = p90
+                decision.prediction_source = "model"
+                return
         features = decision.features
         if features:
             model = view.sources.get(MODEL_SOURCE)

@@ -22,7 +22,7 @@ from typing import Any
 from celery_aitp.priority_policy import ProfileSettings
 from celery_aitp.profiles.profile import ObservedProfile, observed_profile
 from celery_aitp.store.decayed import DecayedSums, decayed_values, decode_hash
-from celery_aitp.store.redis_store import RedisStore, _text, _translated
+from celery_aitp.store.redis_store import RedisStore, _text, translated_errors
 
 #: A histogram outlives its last run by this many half-lives (its weight is < 0.4% by then).
 TTL_HALF_LIVES = 8
@@ -57,7 +57,7 @@ class ProfileStore:
         excess = size - self.settings.max_tasks
         if excess <= 0:
             return 0
-        with _translated():
+        with translated_errors():
             index = self.store.client.hgetall(self.index)
             oldest = sorted(index.items(), key=lambda kv: float(kv[1]))[:excess]
             pipe = self.store.client.pipeline(transaction=False)
@@ -68,7 +68,7 @@ class ProfileStore:
         return len(oldest)
 
     def read_index(self) -> dict[str, float]:
-        with _translated():
+        with translated_errors():
             raw = self.store.client.hgetall(self.index)
         out = {}
         for task, stamp in raw.items():
@@ -84,7 +84,7 @@ class ProfileStore:
         out: dict[str, ObservedProfile | None] = {}
         for start in range(0, len(tasks), _READ_CHUNK):
             chunk = tasks[start:start + _READ_CHUNK]
-            with _translated():
+            with translated_errors():
                 pipe = self.store.client.pipeline(transaction=False)
                 for task in chunk:
                     pipe.hgetall(self.key(task))
@@ -99,7 +99,7 @@ class ProfileStore:
 
     def forget(self, tasks: list[str]) -> None:
         if tasks:
-            with _translated():
+            with translated_errors():
                 self.store.client.hdel(self.index, *tasks)
 
 

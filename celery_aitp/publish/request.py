@@ -73,7 +73,7 @@ class Decision:
         "task", "task_id", "tenant", "tier", "accelerator", "features", "predicted_runtime_s",
         "predicted_p90_s", "prediction_source", "profile", "score", "factors",
         "queue", "routed", "reason", "stage", "arm", "decided_at", "notes",
-        "tier_steps", "origin_at",
+        "tier_steps", "origin_at", "feature_key",
     )
 
     def __init__(self, stage: str, decided_at: float, task: str = "", task_id: str = "") -> None:
@@ -84,6 +84,8 @@ class Decision:
         self.accelerator: str = ""
         #: Feature vector of the model in use (names: ``model.spec.names``); () without one.
         self.features: tuple[Any, ...] = ()
+        #: The model's cache key, when the features stage computes it without the vector.
+        self.feature_key: tuple[Any, ...] | None = None
         self.predicted_runtime_s: float | None = None
         self.predicted_p90_s: float | None = None
         self.prediction_source: str | None = None
@@ -111,8 +113,9 @@ class Decision:
 
         Always: v, tenant, tier, accelerator, predicted_runtime_s (null when unknown),
         stage, routed, queue, reason, decided_at. Optional fields (predicted_p90_s,
-        prediction_source, arm, score, origin_at) are left out when unset: every byte is
-        JSON-encoded on each publish. Readers use ``header.get(field)``.
+        prediction_source, arm, score, origin_at) are left out when unset, and origin_at
+        also when it equals decided_at (a first publish): every byte is JSON-encoded on
+        each publish. Readers use ``header.get(field)`` (``origin_at or decided_at``).
         """
         header = {
             "v": HEADER_VERSION,
@@ -133,8 +136,9 @@ class Decision:
             header["arm"] = self.arm
         if self.score is not None:
             header["score"] = self.score
-        if self.origin_at is not None:
-            header["origin_at"] = self.origin_at
+        origin = self.origin_at
+        if origin is not None and origin != self.decided_at:  # a retry's first publish
+            header["origin_at"] = origin
         return header
 
     def record(self) -> dict[str, Any]:
@@ -168,28 +172,38 @@ class Decision:
     def record_json(self) -> str:
         """``record()`` as compact JSON, built about four times faster than encoding it.
 
-        The fields most decisions share (tenant, tier, queue, reason, ...) are encoded
-        once per distinct combination; only the task, its id, the numbers and the
-        stages' details are encoded per decision. Decodes to exactly ``record()``.
+        The fields many decisions share (task, tenant, tier, queue, reason, ...) are
+        encoded once per distinct combination, and so are the stages' shared details;
+        only the id, the numbers and the factors are encoded per decision. Decodes to
+        exactly ``record()``.
         """
-        shared = (self.tenant, self.tier, self.accelerator, self.prediction_source,
-                  self.stage, self.routed, self.queue, self.reason, self.arm)
+        shared = (self.task, self.tenant, self.tier, self.accelerator,
+                  self.prediction_source, self.stage, self.routed, self.queue, self.reason,
+                  self.arm)
         fragment = _SHARED_JSON.get(shared)
         if fragment is None:
             if len(_SHARED_JSON) >= _SHARED_LIMIT:
                 _SHARED_JSON.clear()
             fragment = _SHARED_JSON[shared] = _shared_fragment(shared)
-        return (f'{{"v":{HEADER_VERSION},"task":{_quote(self.task)},'
-                f'"task_id":{_quote(self.task_id)},{fragment},'
-                f'"predicted_runtime_s":{_number(self.predicted_runtime_s)},'
-                f'"predicted_p90_s":{_number(self.predicted_p90_s)},'
-                f'"score":{_number(self.score)},"factors":{_detail(self.factors)},'
-                f'"profile":{_detail(self.profile)},"tier_steps":{_detail(self.tier_steps)},'
-                f'"decided_at":{_number(self.decided_at)},"origin_at":{_number(self.origin_at)}}}')
+        # finite floats inline (x - x is 0.0 only for finite x); anything else: _number
+        p50, p90, sc = self.predicted_runtime_s, self.predicted_p90_s, self.score
+        at, origin = self.decided_at, self.origin_at
+        at_s = repr(at) if type(at) is float and at - at == 0.0 else _number(at)
+        origin_s = at_s if origin is at else _number(origin)
+        return (f'{{"v":{HEADER_VERSION},{fragment},"task_id":{_quote(self.task_id)},'
+                f'"predicted_runtime_s":'
+                f'{repr(p50) if type(p50) is float and p50 - p50 == 0.0 else _number(p50)},'
+                f'"predicted_p90_s":'
+                f'{repr(p90) if type(p90) is float and p90 - p90 == 0.0 else _number(p90)},'
+                f'"score":'
+                f'{repr(sc) if type(sc) is float and sc - sc == 0.0 else _number(sc)},'
+                f'"factors":{_factors(self.factors)},'
+                f'"profile":{_shared(self.profile)},"tier_steps":{_shared(self.tier_steps)},'
+                f'"decided_at":{at_s},"origin_at":{origin_s}}}')
 
 
-_SHARED_FIELDS = ("tenant", "tier", "accelerator", "prediction_source", "stage", "routed",
-                  "queue", "reason", "arm")
+_SHARED_FIELDS = ("task", "tenant", "tier", "accelerator", "prediction_source", "stage",
+                  "routed", "queue", "reason", "arm")
 
 
 def _shared_fragment(values: tuple[Any, ...]) -> str:
@@ -204,3 +218,39 @@ def _number(value: Any) -> str:
 
 def _detail(value: Any) -> str:
     return "null" if value is None else _ENCODE(value)
+
+
+#: JSON of detail objects the stages share between decisions (a task's merged profile,
+#: the tier steps of a score), by identity; the object is kept so its id is not reused.
+_SHARED_DETAIL: dict[int, tuple[Any, str]] = {}
+
+
+def _shared(value: Any) -> str:
+    """``_detail`` for objects the stages cache and never change after building them."""
+    if value is None:
+        return "null"
+    found = _SHARED_DETAIL.get(id(value))
+    if found is not None and found[0] is value:
+        return found[1]
+    if len(_SHARED_DETAIL) >= _SHARED_LIMIT:
+        _SHARED_DETAIL.clear()
+    text = _ENCODE(value)
+    _SHARED_DETAIL[id(value)] = (value, text)
+    return text
+
+
+def _factors(value: Any) -> str:
+    """The priority stage's factors (six finite floats, in a fixed order) without the
+    general encoder; anything else takes it."""
+    if type(value) is dict and len(value) == 6:
+        try:
+            a, b, c, d, e, f = (value["tenant"], value["sla"], value["impact"],
+                                value["resources"], value["runtime"], value["age"])
+        except KeyError:
+            return _detail(value)
+        if (type(a) is float and type(b) is float and type(c) is float and type(d) is float
+                and type(e) is float and type(f) is float and math.isfinite(a + b + c + d + e + f)):
+            # a sum of floats is finite only if every one is
+            return (f'{{"tenant":{a!r},"sla":{b!r},"impact":{c!r},"resources":{d!r},'
+                    f'"runtime":{e!r},"age":{f!r}}}')
+    return _detail(value)

@@ -27,7 +27,7 @@ from typing import Any
 from celery_aitp.fairness import served_fairness, tier_entropy
 from celery_aitp.policy import Policy
 from celery_aitp.store.decayed import DecayedSums, decayed_values, decode_hash
-from celery_aitp.store.redis_store import RedisStore, _translated
+from celery_aitp.store.redis_store import RedisStore, translated_errors
 
 #: Publishes kept for the next batch while the store is unreachable (oldest dropped).
 PENDING_LIMIT = 100_000
@@ -137,7 +137,7 @@ class UsageStore:
 
     def add_and_read(self, amounts: Mapping[str, float], now: float) -> dict[str, float]:
         """Add a batch and read the whole hash back, in one round trip."""
-        with _translated():
+        with translated_errors():
             pipe = self.store.client.pipeline(transaction=False)
             self.queue_add(pipe, amounts, now)
             pipe.hgetall(self.key)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from celery_aitp.store.redis_store import RedisStore, _translated
+from celery_aitp.store.redis_store import RedisStore, translated_errors
 
 #: KEYS[1] the hash. ARGV: half-life s, ttl s (0: none), now, then field/amount pairs
 #: (fields starting with '_' are added as they are, the others decayed).
@@ -78,7 +78,7 @@ class DecayedSums:
     def add_now(self, key: str, amounts: Mapping[str, float], now: float,
                 half_life_s: float, ttl_s: float = 0.0) -> None:
         """Add in its own round trip (raises StoreError)."""
-        with _translated():
+        with translated_errors():
             pipe = self.store.client.pipeline(transaction=False)
             self.add(pipe, key, amounts, now, half_life_s, ttl_s)
             pipe.execute()

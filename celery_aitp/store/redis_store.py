@@ -19,6 +19,7 @@ from redis.retry import Retry
 from celery_aitp.errors import StageConflict, StoreError
 from celery_aitp.redact import redact
 from celery_aitp.store.keys import Keys
+from celery_aitp.store.packed import entry_records
 
 HISTORY_LIMIT = 1000
 # Appends each ARGV[2..] as one entry {r: <json>} to a capped stream: one atomic command
@@ -56,7 +57,8 @@ def connect(url: str, timeout_s: float = 0.5) -> redis.Redis:
 
 
 @contextmanager
-def _translated() -> Iterator[None]:
+def translated_errors() -> Iterator[None]:
+    """Redis and socket errors as StoreError, passwords masked: one error type for callers."""
     try:
         yield
     except (redis.RedisError, OSError) as exc:
@@ -86,7 +88,7 @@ class RedisStore:
         members: dict[str | bytes, float] = {f"{q}|{worker}": expiry for q in queues}
         queue_names = sorted(str(m).rsplit("|", 1)[0] for m in members)
         doc = json.dumps({**info, "worker": worker, "heartbeat": now, "queues": queue_names})
-        with _translated():
+        with translated_errors():
             pipe = self.client.pipeline(transaction=False)
             pipe.zremrangebyscore(self.keys.consumers, "-inf", now)
             if members:
@@ -96,7 +98,7 @@ class RedisStore:
 
     def withdraw(self, worker: str) -> None:
         """Remove a worker's advertisements at once (clean shutdown)."""
-        with _translated():
+        with translated_errors():
             members = [
                 m for m in self.client.zrange(self.keys.consumers, 0, -1)
                 if _text(m).endswith(f"|{worker}")
@@ -109,13 +111,13 @@ class RedisStore:
 
     def live_queues(self) -> frozenset[str]:
         """Queues with at least one unexpired consumer advertisement."""
-        with _translated():
+        with translated_errors():
             raw = self.client.zrangebyscore(self.keys.consumers, time.time(), "+inf")
         return _queues_of(raw)
 
     def workers(self) -> list[dict[str, Any]]:
         """Every advertised worker's description; stale ones are pruned."""
-        with _translated():
+        with translated_errors():
             raw = self.client.hgetall(self.keys.workers)
         docs, stale = [], []
         horizon = time.time() - 3600
@@ -126,7 +128,7 @@ class RedisStore:
             else:
                 stale.append(name)
         if stale:
-            with _translated():
+            with translated_errors():
                 self.client.hdel(self.keys.workers, *stale)
         return sorted(docs, key=lambda d: str(d.get("worker")))
 
@@ -134,7 +136,7 @@ class RedisStore:
 
     def read_stage(self) -> dict[str, Any] | None:
         """The live stage document, or None if none was ever set."""
-        with _translated():
+        with translated_errors():
             raw = self.client.hget(self.keys.stage, "doc")
         return _json_or_none(raw)
 
@@ -148,7 +150,7 @@ class RedisStore:
         (compare-and-set, for the guard); otherwise :class:`StageConflict` is raised.
         """
         key = self.keys.stage
-        with _translated(), self.client.pipeline(transaction=True) as pipe:
+        with translated_errors(), self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     pipe.watch(key)
@@ -167,7 +169,7 @@ class RedisStore:
                     continue
 
     def stage_history(self, limit: int = 50) -> list[dict[str, Any]]:
-        with _translated():
+        with translated_errors():
             raw = self.client.lrange(self.keys.stage_history, 0, max(0, limit - 1))
         return [doc for doc in map(_json_or_none, raw) if doc is not None]
 
@@ -175,7 +177,7 @@ class RedisStore:
 
     def snapshot(self) -> tuple[frozenset[str], dict[str, Any] | None, str | None]:
         """Live queues, stage document and model version in one round trip."""
-        with _translated():
+        with translated_errors():
             pipe = self.client.pipeline(transaction=False)
             pipe.zrangebyscore(self.keys.consumers, time.time(), "+inf")
             pipe.hget(self.keys.stage, "doc")
@@ -189,14 +191,14 @@ class RedisStore:
         """Add to fleet-wide counters (producers batch these; never one call per task)."""
         if not counts:
             return
-        with _translated():
+        with translated_errors():
             pipe = self.client.pipeline(transaction=False)
             for name, n in counts.items():
                 pipe.hincrby(self.keys.counters, name, int(n))
             pipe.execute()
 
     def counts(self) -> dict[str, int]:
-        with _translated():
+        with translated_errors():
             raw = self.client.hgetall(self.keys.counters)
         return {_text(k): int(v) for k, v in raw.items()}
 
@@ -206,7 +208,7 @@ class RedisStore:
         """Append records (dicts, or their JSON text) to a capped stream; returns how many."""
         texts = [r if type(r) is str else _ENCODER.encode(r) for r in records]
         if texts:
-            with _translated():
+            with translated_errors():
                 self._append(keys=[stream], args=[int(maxlen), *texts])
         return len(texts)
 
@@ -214,26 +216,25 @@ class RedisStore:
         self, stream: str, count: int | None = None, newest_first: bool = False
     ) -> list[dict[str, Any]]:
         """Records of a stream, oldest first unless ``newest_first``; bad entries skipped."""
-        with _translated():
+        with translated_errors():
             if newest_first:
                 raw = self.client.xrevrange(stream, count=count)
             else:
                 raw = self.client.xrange(stream, count=count)
-        out = []
-        for _id, fields in raw:
-            doc = _json_or_none(fields.get(b"r") if isinstance(fields, dict) else None)
-            if isinstance(doc, dict):
-                out.append(doc)
-        return out
+        out: list[dict[str, Any]] = []
+        for _id, fields in raw:  # an entry may hold a packed batch (decisions)
+            docs = entry_records(fields)
+            out.extend(reversed(docs) if newest_first else docs)
+        return out if count is None else out[:count]
 
     def try_lock(self, key: str, ttl_s: float, owner: str) -> bool:
         """Take a short expiring lock; True if this caller holds it now."""
-        with _translated():
+        with translated_errors():
             return bool(self.client.set(key, owner, nx=True, px=max(1, int(ttl_s * 1000))))
 
     def ping(self) -> bool:
         try:
-            with _translated():
+            with translated_errors():
                 return bool(self.client.ping())
         except StoreError:
             return False

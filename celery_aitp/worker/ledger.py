@@ -20,7 +20,7 @@ from celery_aitp.policy import Policy
 from celery_aitp.profiles.samples import fold, run_fields
 from celery_aitp.profiles.store import ProfileStore
 from celery_aitp.scheduling.usage import UsageStore
-from celery_aitp.store.redis_store import RedisStore, _translated
+from celery_aitp.store.redis_store import RedisStore, translated_errors
 from celery_aitp.telemetry.counters import Counters
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class RunLedger:
         now = self.clock()
         profile_store = ProfileStore(store, self.policy.profiles)
         try:
-            with _translated():
+            with translated_errors():
                 pipe = store.client.pipeline(transaction=False)
                 profile_store.queue_writes(pipe, profiles, now)
                 UsageStore(store, self.policy.fair_share.half_life_s).queue_add(pipe, usage, now)

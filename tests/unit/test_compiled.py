@@ -118,3 +118,17 @@ def test_what_cannot_be_reproduced_is_refused(change, message):
     change(dump)
     with pytest.raises(ModelError, match=message):
         compile_forest(dump, 3)
+
+
+@pytest.mark.parametrize("params", [{}, {"zero_as_missing": True}, {"use_missing": False}])
+def test_forests_over_the_cache_key_give_the_same_doubles(params):
+    x, y = data()
+    x[::7, 2] = -1e-36  # inside LightGBM's zero band
+    model = CompiledRuntimeModel(booster(x, y, **params).dump_model(),
+                                 booster(x, y - 1.0, rounds=10, **params).dump_model(), 4)
+    assert model.key_scores is not None
+    rows = probe(x).tolist() + [[math.nan] * 4, [0.0] * 4, [-0.0, -1e-35, 1e-35, -5.0]]
+    for row in rows:
+        assert model.key_scores(model.key(row)) == model.scores(row)
+    model.cache.clear()
+    assert [model.predict(r)[:2] for r in rows] == [model.evaluate(r) for r in rows]

@@ -37,3 +37,20 @@ def test_the_decision_log_stamps_the_policy_on_fast_encoded_records(store):
     assert found is not None and found["policy"] == "abc123"
     assert found == {**full_decision().record(), "policy": "abc123"}
     assert log.find("id-2")["policy"] == "abc123"
+
+
+def test_shared_details_and_the_usual_factors_encode_like_the_record():
+    steps = {"score": "hi", "floor": None, "cap": "mid", "fair_share": True}
+    decisions = []
+    for i, age in enumerate((0.0, 0.125, math.nan)):
+        d = full_decision()
+        d.tier_steps, d.profile = steps, {"accelerator": "gpu", "memory_mb": 512}
+        d.factors = {"tenant": 0.5, "sla": 1.0, "impact": 0.0, "resources": 0.25,
+                     "runtime": 1 / 3, "age": age}
+        if i == 1:
+            d.factors["impact"] = 1  # an int weight takes the general encoder
+        decisions.append(d)
+    for d in decisions[:2]:
+        assert json.loads(d.record_json()) == d.record()
+    decoded = json.loads(decisions[2].record_json())  # NaN as the general encoder writes it
+    assert math.isnan(decoded["factors"]["age"]) and decoded["tier_steps"] == steps

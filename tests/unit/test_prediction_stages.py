@@ -10,7 +10,7 @@ from celery import Celery
 
 import celery_aitp
 from celery_aitp.predict.bundle import ModelBundle
-from celery_aitp.predict.history import HistoryStore
+from celery_aitp.predict.history import HISTORY_SOURCE, HistoryStore
 from celery_aitp.predict.model_source import MODEL_SOURCE
 from celery_aitp.predict.model_store import ModelStore
 from celery_aitp.publish.live_view import View
@@ -90,7 +90,12 @@ def test_the_model_predicts_once_promoted(synthetic_app, store, published, train
     decision = Decision("takeover", h["decided_at"])
     decision.tenant = "acme"
     synthetic_app.aitp.pipeline.stages[1](request, decision, view)  # the features stage
-    expected = model.compiled.evaluate(decision.features)
+    vector = model.spec.vector("media.resize", "acme", (640, 480), {"quality": 85},
+                               len("(640, 480)"), len("{'quality': 85}"), None, 0,
+                               h["decided_at"], view.sources[HISTORY_SOURCE].features.get(
+                                   ("acme", "media.resize")))
+    assert decision.feature_key == model.compiled.key(vector)  # the key, without the vector
+    expected = model.compiled.evaluate(vector)
     assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == expected
     assert h["predicted_p90_s"] >= h["predicted_runtime_s"] > 0
 

@@ -211,3 +211,18 @@ def test_a_stage_change_in_the_store_is_followed_at_the_next_refresh(app, store,
     task.apply_async((3,), headers={"aitp_tenant": "acme"})
     assert [m["routing_key"] for m in published[-3:]] == ["default-q", "default-q",
                                                           "aitp.acme.cpu.hi"]
+
+
+def test_a_first_publish_leaves_out_origin_at_and_retries_keep_the_first_time(app, store,
+                                                                              published):
+    make_live(store, "aitp.acme.cpu.hi")
+    refresh(app)
+    task = app.tasks["tests.unit.conftest.urgent"]
+    task.apply_async((1,), headers={"aitp_tenant": "acme"})
+    first = header(published[-1])
+    assert "origin_at" not in first  # it equals decided_at
+    task.apply_async((1,), headers={"aitp_tenant": "acme", "aitp": first}, retries=1)
+    second = header(published[-1])
+    assert second["origin_at"] == first["decided_at"] < second["decided_at"]
+    task.apply_async((1,), headers={"aitp_tenant": "acme", "aitp": second}, retries=2)
+    assert header(published[-1])["origin_at"] == first["decided_at"]

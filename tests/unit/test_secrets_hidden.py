@@ -24,7 +24,7 @@ from celery_aitp.dashboard.app import build_dashboard, create_app
 from celery_aitp.dashboard.config import DashboardConfig
 from celery_aitp.redact import MASK, redact
 from celery_aitp.store import Keys, RedisStore
-from celery_aitp.store.redis_store import _translated
+from celery_aitp.store.redis_store import translated_errors
 from tests.conftest import TEST_POLICY
 
 BROKER_PW = "brok3r-Pa55w0rd"
@@ -55,7 +55,7 @@ def test_redact_masks_url_passwords_like_kombu(text: str, expected: str) -> None
 
 
 def test_store_errors_are_redacted_at_the_source() -> None:
-    with pytest.raises(Exception) as caught, _translated():
+    with pytest.raises(Exception) as caught, translated_errors():
         raise OSError(f"cannot reach {STORE}")
     assert_hidden(str(caught.value), "StoreError")
     assert "redis://aitp:***@127.0.0.1:1/3" in str(caught.value)
