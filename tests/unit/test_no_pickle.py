@@ -34,7 +34,7 @@ UNSAFE_CALLS = {("yaml", "load"), ("yaml", "unsafe_load"), ("yaml", "full_load")
 SERIALIZER_SETTINGS = {"accept_content", "result_accept_content", "task_serializer",
                        "result_serializer", "event_serializer", "CELERY_ACCEPT_CONTENT"}
 #: The one module that runs generated code: Python it wrote from numbers it formatted.
-EXEC_ALLOWED = {"celery_aitp/predict/compiled.py"}
+EXEC_ALLOWED = {"celery_aitp/predict/compiled.py", "celery_aitp/predict/request_key.py"}
 
 
 def docstrings(tree: ast.AST) -> set[int]:
@@ -155,10 +155,22 @@ def test_a_pickled_model_in_the_store_is_refused_never_unpickled(store: RedisSto
      "split on feature"),
 ])
 def test_the_compiled_model_code_takes_only_numbers_from_the_model(node, message) -> None:
-    """The one exec in the package: model text that is not numbers never reaches it."""
+    """The compiler's exec: model text that is not numbers never reaches it."""
     from celery_aitp.predict.compiled import compile_forest
 
     split = {"split_feature": 0, "default_left": True, "missing_type": "None",
              "left_child": {"leaf_value": 1.0}, "right_child": {"leaf_value": 2.0}, **node}
     with pytest.raises(ModelError, match=message):
         compile_forest({"tree_info": [{"tree_structure": split}]}, 1)
+
+
+def test_the_request_key_code_holds_a_model_kwarg_name_only_as_a_quoted_literal() -> None:
+    """The request key's exec: a kwarg name from a model's metadata cannot become code."""
+    from celery_aitp.predict import request_key
+    from celery_aitp.predict.features import BASE_FEATURES, FeatureSpec, value_of
+
+    hostile = "x')) or __import__('os').abort() or (('"
+    spec = FeatureSpec(kwarg_names=[hostile])
+    expression = request_key._raw(len(BASE_FEATURES), spec)
+    namespace = {"_v": value_of, "kwargs": {hostile: 7}}
+    assert eval(expression, namespace) == 7  # the name is looked up, nothing else runs

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from celery_aitp.publish.hook import AitpAMQP, AitpRouter
+from celery_aitp.worker import running
 from tests.unit.conftest import make_live
 
 
@@ -218,11 +220,20 @@ def test_a_first_publish_leaves_out_origin_at_and_retries_keep_the_first_time(ap
     make_live(store, "aitp.acme.cpu.hi")
     refresh(app)
     task = app.tasks["tests.unit.conftest.urgent"]
-    task.apply_async((1,), headers={"aitp_tenant": "acme"})
+    task.apply_async((1,), headers={"aitp_tenant": "acme"}, task_id="t-1")
     first = header(published[-1])
     assert "origin_at" not in first  # it equals decided_at
-    task.apply_async((1,), headers={"aitp_tenant": "acme", "aitp": first}, retries=1)
-    second = header(published[-1])
+
+    def retry(received: dict, retries: int) -> dict:
+        """Publish a retry from inside the running task, as Celery's Task.retry does."""
+        running.enter(SimpleNamespace(id="t-1", aitp=received))
+        try:
+            task.apply_async((1,), headers={"aitp_tenant": "acme"}, task_id="t-1",
+                             retries=retries)
+        finally:
+            running.leave()
+        return header(published[-1])
+
+    second = retry(first, 1)
     assert second["origin_at"] == first["decided_at"] < second["decided_at"]
-    task.apply_async((1,), headers={"aitp_tenant": "acme", "aitp": second}, retries=2)
-    assert header(published[-1])["origin_at"] == first["decided_at"]
+    assert retry(second, 2)["origin_at"] == first["decided_at"]
