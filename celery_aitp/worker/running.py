@@ -24,9 +24,16 @@ def current_tenant() -> str | None:
 
 
 def enter(request: Any) -> None:
-    header = getattr(request, "aitp", None)
-    tenant = header.get("tenant") if isinstance(header, Mapping) else None
-    _local.tenant = tenant if isinstance(tenant, str) else None
+    """Remember the running task's tenant (a string, or None); never raises on odd headers.
+
+    The tenant stage still checks it against the policy before a sub-task uses it.
+    """
+    try:
+        header = getattr(request, "aitp", None)
+        tenant = header.get("tenant") if isinstance(header, Mapping) else None
+    except Exception:
+        tenant = None
+    _local.tenant = tenant if type(tenant) is str else None
 
 
 def leave() -> None:
