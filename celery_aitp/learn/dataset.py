@@ -250,5 +250,5 @@ def read_jsonl(path: str | Path) -> Iterator[Any]:
                 continue
             try:
                 yield json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deep
                 yield Unreadable("not JSON")

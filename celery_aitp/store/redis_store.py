@@ -247,5 +247,5 @@ def _json_or_none(raw: Any) -> Any:
         return None
     try:
         return json.loads(raw)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # RecursionError: nested too deep
         return None
