@@ -14,6 +14,7 @@ raw counter a writer adds (e.g. ``_n``, the number of samples ever added).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -97,7 +98,12 @@ def decayed_values(fields: Mapping[str, str],
         hl = float(fields["_hl"])
     except (KeyError, ValueError):
         return {}, {}
-    scale = 2.0 ** (-(now - ref) / hl) if hl > 0 else 0.0
+    if not (math.isfinite(ref) and math.isfinite(hl)):
+        return {}, {}
+    try:
+        scale = 2.0 ** (-(now - ref) / hl) if hl > 0 else 0.0
+    except OverflowError:  # a reference time far off for its half-life: not usable
+        return {}, {}
     values: dict[str, float] = {}
     raw: dict[str, float] = {}
     for name, text in fields.items():
@@ -106,6 +112,8 @@ def decayed_values(fields: Mapping[str, str],
         try:
             number = float(text)
         except ValueError:
+            continue
+        if not math.isfinite(number):  # not something the script writes: ignored
             continue
         if name.startswith("_"):
             raw[name] = number

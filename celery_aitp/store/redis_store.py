@@ -120,7 +120,8 @@ class RedisStore:
         horizon = time.time() - 3600
         for name, value in raw.items():
             doc = _json_or_none(value)
-            if isinstance(doc, dict) and doc.get("heartbeat", 0) >= horizon:
+            beat = doc.get("heartbeat") if isinstance(doc, dict) else None
+            if type(beat) in (int, float) and beat >= horizon:  # also drops NaN
                 docs.append(doc)
             else:
                 stale.append(name)
@@ -197,7 +198,13 @@ class RedisStore:
     def counts(self) -> dict[str, int]:
         with _translated():
             raw = self.client.hgetall(self.keys.counters)
-        return {_text(k): int(v) for k, v in raw.items()}
+        out = {}
+        for k, v in raw.items():
+            try:
+                out[_text(k)] = int(v)
+            except ValueError:  # not written by HINCRBY: ignored
+                continue
+        return out
 
     def append_records(
         self, stream: str, records: Iterable[Mapping[str, Any] | str], maxlen: int
