@@ -9,6 +9,7 @@ the previous model (or the cold-start estimate) stays in use.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -71,7 +72,5 @@ class ModelSource:
         self.refusals += 1
         kept = f"model {previous.version}" if previous is not None else "cold-start estimates"
         logger.error("aitp: refusing runtime model %s: %s; keeping %s", version, reason, kept)
-        try:
+        with contextlib.suppress(StoreError):  # the error line above still says it
             store.add_counts({"rejected:model": 1})
-        except StoreError:
-            pass  # the error line above still says it

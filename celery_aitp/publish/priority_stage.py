@@ -240,6 +240,7 @@ def _origin(request: Request, now: float) -> float:
     previous = request.headers.get("aitp")
     if isinstance(previous, dict):
         origin = previous.get("origin_at") or previous.get("decided_at")
-        if type(origin) in (int, float) and 0 < origin <= now:  # not bool, NaN or inf
+        if isinstance(origin, (int, float)) and not isinstance(origin, bool) \
+                and 0 < origin <= now:  # not a bool, NaN or inf
             return float(origin)
     return now

@@ -12,8 +12,8 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import zlib
 import math
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path

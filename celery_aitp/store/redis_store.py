@@ -121,7 +121,7 @@ class RedisStore:
         for name, value in raw.items():
             doc = _json_or_none(value)
             beat = doc.get("heartbeat") if isinstance(doc, dict) else None
-            if type(beat) in (int, float) and beat >= horizon:  # also drops NaN
+            if isinstance(beat, (int, float)) and beat >= horizon:  # also drops NaN
                 docs.append(doc)
             else:
                 stale.append(name)

@@ -215,7 +215,8 @@ class Observer:
         ready_at = _eta_seconds(getattr(request, "eta", None)) or decided_at
         declared = getattr(task, "aitp", None)
         hint = declared.get("runtime_hint_s") if type(declared) is dict else None
-        if type(hint) not in (int, float) or not math.isfinite(hint):
+        if not isinstance(hint, (int, float)) or isinstance(hint, bool) \
+                or not math.isfinite(hint):
             hint = None
         call_args = list(args) if isinstance(args, (list, tuple)) else []
         call_kwargs = kwargs if isinstance(kwargs, dict) else {}

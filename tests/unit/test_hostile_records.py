@@ -14,7 +14,6 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import fakeredis
 import pytest
@@ -199,5 +198,5 @@ def test_hostile_entries_in_the_observation_stream_are_skip_markers(entries):
     store.client.xadd(store.keys.observations, {"other": b"x"})
     got = list(store_records(store))
     assert len(got) == len(entries) + 1
-    assert all(isinstance(r, dict) or isinstance(r, Unreadable) for r in got)
+    assert all(isinstance(r, (dict, Unreadable)) for r in got)
     assert all(isinstance(r, dict) for r in store.read_records(store.keys.observations))
