@@ -35,7 +35,7 @@ def _decode(entry_id: Any, fields: Any) -> tuple[str, float, dict[str, Any]] | N
     raw = fields.get(b"r", fields.get("r")) if isinstance(fields, dict) else None
     try:
         doc = json.loads(raw) if raw is not None else None
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # RecursionError: nested too deep
         return None
     if not isinstance(doc, dict):
         return None

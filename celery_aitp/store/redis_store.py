@@ -169,7 +169,7 @@ class RedisStore:
     def stage_history(self, limit: int = 50) -> list[dict[str, Any]]:
         with _translated():
             raw = self.client.lrange(self.keys.stage_history, 0, max(0, limit - 1))
-        return [doc for doc in map(_json_or_none, raw) if doc is not None]
+        return [doc for doc in map(_json_or_none, raw) if isinstance(doc, dict)]
 
     # --- the snapshot the publish path caches -----------------------------------
 

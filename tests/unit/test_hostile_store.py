@@ -20,7 +20,7 @@ from typing import Any
 import fakeredis
 import pytest
 from celery import Celery
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import celery_aitp
@@ -169,3 +169,45 @@ def test_a_garbage_model_is_refused_once_and_counted(deployment):
     assert source.fetch(store, None) is None  # the same version is not read again
     assert source.refusals == refused + 1
     assert store.counts().get("rejected:model", 0) >= 1
+
+
+API = ("/api/overview", "/api/tenants", "/api/queues", "/api/workers", "/api/predictions",
+       "/api/tasks", "/api/tasks/t1", "/api/stage", "/healthz", "/readyz")
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> Iterator[tuple[Any, RedisStore]]:
+    from starlette.testclient import TestClient
+
+    from celery_aitp.dashboard.api import Dashboard
+    from celery_aitp.dashboard.app import create_app
+    from celery_aitp.dashboard.config import DashboardConfig
+    from celery_aitp.dashboard.fleet import Fleet
+    from celery_aitp.policy import parse_policy
+    from celery_aitp.stubs import MemoryQueueOps
+
+    store = RedisStore(fakeredis.FakeRedis(), Keys("hostile-dash"))
+    ops = MemoryQueueOps()
+    fleet = Fleet(store, parse_policy(POLICY), "default-q", lambda: ops, worker_ttl_s=10.0,
+                  refresh_s=0.0, window_s=300.0, tasks=("t.x",))
+    app = create_app(Dashboard(DashboardConfig(), fleet, worker_ttl_s=10.0, version="test"))
+    with TestClient(app, raise_server_exceptions=True) as client:
+        yield client, store
+
+
+def _no_constants(name: str) -> Any:
+    raise AssertionError(f"{name} in a JSON response (browsers refuse it)")
+
+
+@settings(HOSTILE, max_examples=20)  # eleven requests per example: a smaller fixed budget
+@given(contents=store_contents())
+def test_the_dashboard_serves_whatever_the_store_holds(dashboard, contents):
+    client, store = dashboard
+    store.client.flushdb()
+    _write(store, contents)
+    for path in API:
+        response = client.get(path)
+        assert response.status_code in (200, 404, 503), (path, response.status_code)
+        if path.startswith("/api/") and response.status_code == 200:
+            json.loads(response.text, parse_constant=_no_constants)  # no NaN/Infinity
+    assert client.get("/metrics").status_code == 200
