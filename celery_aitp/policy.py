@@ -344,10 +344,10 @@ def _min_score_problems(tiers: tuple[Tier, ...]) -> list[str]:
 def _path_part(part: Any) -> str:
     """A field path element as written in a policy, quoted when it is not a plain name."""
     text = str(part)
-    return text if _PLAIN_KEY.match(text) else repr(text)
+    return text if _PLAIN_KEY.fullmatch(text) else repr(text)
 
 
-_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _format_errors(exc: ValidationError) -> str:

@@ -238,7 +238,7 @@ def _origin(request: Request, now: float) -> float:
     if not request.retries:
         return now
     previous = request.headers.get("aitp")
-    if isinstance(previous, dict):
+    if type(previous) is dict:  # as decoded from a message; not a subclass with odd reads
         origin = previous.get("origin_at") or previous.get("decided_at")
         if isinstance(origin, (int, float)) and not isinstance(origin, bool) \
                 and 0 < origin <= now:  # not a bool, NaN or inf

@@ -52,7 +52,10 @@ class Trace:
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond any float
+        return None
     return value if math.isfinite(value) else None
 
 

@@ -36,14 +36,16 @@ _HOST = socket.gethostname()
 
 
 def safe_json(value: Any, limit: int = MAX_ARGS_BYTES) -> Any:
-    """``value`` if it is JSON-safe and small, else a short summary that cannot raise."""
+    """``value`` as JSON will hold it (objects as their repr) if small, else a short
+    summary; never raises, and the result is plain JSON data (nothing left to convert
+    when the record is shipped)."""
     try:
         text = json.dumps(value, default=repr, allow_nan=False)
-    except (ValueError, TypeError, RecursionError):
+    except Exception:  # NaN, cycles, too deep, or an object whose repr raises
         return {"_unserializable": type(value).__name__}
     if len(text) > limit:
         return {"_truncated": type(value).__name__, "bytes": len(text)}
-    return value
+    return json.loads(text)  # objects json.dumps only rendered become their repr
 
 
 def _cpu_seconds() -> float:

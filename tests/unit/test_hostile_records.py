@@ -9,6 +9,7 @@ no file content (invalid UTF-8, deep nesting, truncation, gzip garbage) raises.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
 from collections.abc import Iterator
@@ -148,7 +149,9 @@ def _write(path: Path, content: list[bytes], compress: bool = False) -> None:
 
 
 def _nonblank(content: list[bytes]) -> int:
-    return sum(1 for part in b"\n".join(content).splitlines() if part.strip())
+    """Lines a text reader sees (universal newlines, str.strip) that are not blank."""
+    text = (b"\n".join(content) + b"\n").decode("utf-8", "replace")
+    return sum(1 for line in io.StringIO(text, newline=None) if line.strip())
 
 
 @HOSTILE
