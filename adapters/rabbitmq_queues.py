@@ -12,6 +12,15 @@ The republished message keeps its body and properties (priority, headers, correl
 id, reply-to); its routing key becomes the destination, so a retry of a moved task
 follows it instead of going back to the orphaned queue.
 
+Aging (:meth:`RabbitQueueOps.reprioritise`, driven by ``celery_aitp/worker/aging.py``)
+takes messages the same way, on a channel in confirm mode: each message chosen for a
+higher priority is republished (body and properties kept, only the priority raised;
+mandatory, so an unroutable copy raises instead of vanishing), and the original is
+acknowledged only after the broker confirmed the copy. Every other message taken is
+handed back when the channel closes, and RabbitMQ puts it back in its place. A failure
+after a copy was published and before its original was acknowledged (a crash, a lost
+connection, a missing confirm) leaves both (one duplicate per failure); nothing is lost.
+
 Oldest-message ages are not available: AMQP cannot look at a message without taking
 it (which would mark it redelivered), so :meth:`RabbitQueueOps.oldest_ages` answers
 ``None`` (unknown) for every queue.
@@ -132,6 +141,55 @@ class RabbitQueueOps:
         channel.basic_ack(taken[-1].delivery_info["delivery_tag"], multiple=True)
         channel.tx_commit()
         return len(taken)
+
+    def reprioritise(self, queue: str, selector: Any, limit: int) -> tuple[int, int]:
+        """Take up to ``limit`` messages of ``queue`` in delivery order; republish those
+        ``selector.decide(priority, headers)`` gives a new priority; hand back the rest.
+
+        Stops early once ``selector.done``. Returns (messages taken, messages promoted).
+        """
+        inspected = 0
+        chosen: list[tuple[Any, int]] = []
+        with self._channel(f"aging {queue}") as channel:
+            depth, _ = self._declare_ok(channel, queue)
+            if not depth:
+                return 0, 0
+            while inspected < limit:
+                message = channel.basic_get(queue=queue, no_ack=False)
+                if message is None:
+                    break
+                inspected += 1
+                properties = message.properties
+                priority = selector.decide(properties.get("priority"),
+                                           properties.get("application_headers"))
+                if priority is not None:
+                    chosen.append((message, priority))
+                if selector.done:
+                    break
+            # Copies are published only now, so this pass cannot take them again.
+            if chosen:
+                channel.confirm_select()
+            for message, priority in chosen:
+                self._republish(channel, queue, message, priority)
+                channel.basic_ack(message.delivery_info["delivery_tag"])
+        # Closing the channel handed back every message taken and not acknowledged.
+        return inspected, len(chosen)
+
+    def _republish(self, channel: Any, queue: str, message: Any, priority: int) -> None:
+        """Publish a copy with ``priority`` and wait for the broker's confirm.
+
+        The copy takes the original's exchange and routing key when they are the tier
+        queue's own (the direct exchange named like the queue, as Celery published it),
+        so its delivery info is unchanged; otherwise the default exchange, which can only
+        route to this queue.
+        """
+        info = message.delivery_info
+        exchange, routing_key = info.get("exchange"), info.get("routing_key")
+        if exchange != queue or routing_key != queue:
+            exchange, routing_key = "", queue
+        copy = self._amqp.Message(message.body, **dict(message.properties, priority=priority))
+        channel.basic_publish_confirm(copy, exchange=exchange, routing_key=routing_key,
+                                      mandatory=True, confirm_timeout=30)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -12,9 +12,20 @@ The publish path never lets any of these escape: it falls back and counts instea
 
 from __future__ import annotations
 
+from typing import Any
+
+from celery_aitp.redact import redact
+
 
 class AitpError(Exception):
-    """Root of every error this package raises on purpose."""
+    """Root of every error this package raises on purpose.
+
+    Its text is redacted (URL passwords become ``***``) when it is made, so no handler
+    that prints or returns one can show a credential from a client library's message.
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class PolicyError(AitpError):

@@ -26,7 +26,13 @@ from celery_aitp.publish.live_view import LiveView
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.publish.request import Decision, Request
 from celery_aitp.publish.stages import GATED_REASONS
+from celery_aitp.publish.visibility_stage import (
+    REDIS_DRIVERS,
+    VISIBILITY_REASONS,
+    visibility_timeout_s,
+)
 from celery_aitp.queues import parse_tier_queue
+from celery_aitp.redact import redact
 from celery_aitp.settings import Settings, resolve_settings
 from celery_aitp.store import Keys, RedisStore, connect
 from celery_aitp.store.decision_log import DecisionLog
@@ -107,7 +113,25 @@ class Middleware:
 
     @cached_property
     def pipeline(self) -> Pipeline:
-        return Pipeline(default_stages(self.policy, self.settings.profile_refresh_s))
+        return Pipeline(default_stages(self.policy, self.settings.profile_refresh_s,
+                                       visibility_timeout_s=self.visibility_timeout_s,
+                                       producer_tenant=self.settings.producer_tenant))
+
+    @cached_property
+    def visibility_timeout_s(self) -> float | None:
+        """The Redis transport's ``visibility_timeout`` (read once); None on other brokers."""
+        if self.broker_driver not in REDIS_DRIVERS:
+            return None
+        try:
+            return visibility_timeout_s(self.app.conf.broker_transport_options)
+        except ValueError as exc:
+            raise PolicyError(str(exc)) from None
+
+    @cached_property
+    def _visibility_queue(self) -> str:
+        """Where the visibility guard sends a task it diverts."""
+        guard = self.policy.visibility_guard
+        return guard.queue if guard.action == "queue" and guard.queue else self.default_queue
 
     @cached_property
     def decision_log(self) -> DecisionLog:
@@ -209,19 +233,20 @@ class Middleware:
         except Exception as exc:
             decision = Decision("unknown", now, name, _task_id(message)).fall_back(
                 f"error:{type(exc).__name__}")
-            logger.warning("aitp: decision failed for %s, using Celery's route: %r", name, exc)
+            logger.warning("aitp: decision failed for %s, using Celery's route: %s", name,
+                           redact(repr(exc)))
         try:
             self._apply(decision, options, auto)
         except Exception as exc:  # pragma: no cover - defensive: publish must go on
             self.counters.incr("apply_errors")
-            logger.error("aitp: could not annotate %s: %r", name, exc)
+            logger.error("aitp: could not annotate %s: %s", name, redact(repr(exc)))
         return options
 
     def _report_config_error(self, exc: PolicyError) -> None:
         """Log a configuration error once per process (it would repeat on every publish)."""
         if not self._config_error_reported:
             self._config_error_reported = True
-            logger.error("aitp: misconfigured, every task takes Celery's route: %s", exc)
+            logger.error("aitp: misconfigured, every task takes Celery's route: %s", redact(exc))
 
     def _decide(self, name: str, message: Any, options: dict[str, Any], auto: bool,
                 now: float) -> Decision:
@@ -248,7 +273,7 @@ class Middleware:
             msg_headers.get("retries") or 0, _root_id(msg_headers.get("root_id")),
             len(argsrepr) if type(argsrepr) is str else None,
             len(kwargsrepr) if type(kwargsrepr) is str else None,
-            current_tenant(),
+            current_tenant(), msg_headers.get("eta"),
         )
         view = self.live.current()
         decision = self.pipeline.decide(request, view, now)
@@ -294,6 +319,9 @@ class Middleware:
             self._send_to_tier(options, decision.queue or "")
         elif decision.reason in _TO_DEFAULT:
             options["queue"] = self.default_queue
+            _drop_destination(options)
+        elif decision.reason in VISIBILITY_REASONS:
+            options["queue"] = self._visibility_queue
             _drop_destination(options)
         elif decision.reason == "explicit_queue":
             explicit = _queue_name(options.get("queue"))

@@ -12,13 +12,14 @@ import re
 from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from celery_aitp.errors import PolicyError
 from celery_aitp.priority_policy import (
+    AgingSettings,
     FairShareSettings,
     PrioritySettings,
     ProfileSettings,
@@ -68,6 +69,12 @@ class Tier(_Model):
         default=None, ge=0, le=1,
         description="Lowest priority score that maps to this tier; None: an even split.",
     )
+    promote_after_s: float | None = Field(
+        default=None, gt=0, le=30 * 86400,
+        description="RabbitMQ aging: a waiting message of this tier older than this is "
+                    "raised to its tenant's top priority; None: derived from the SLAs and "
+                    "weights (see Policy.promotion_ages). Not allowed on the top tier.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -84,6 +91,12 @@ class Tenant(_Model):
     weight: float = Field(default=1.0, gt=0, le=1e6, description="Fair-share weight.")
     sla_s: float | None = Field(
         default=None, gt=0, description="Target queue wait of this tenant's tasks (None: tiers')."
+    )
+    trusted_header: bool = Field(
+        default=True,
+        description="Whether the aitp_tenant header or the tenant_kwarg argument may name this "
+                    "tenant; if not, only producers pinned to it (producer_tenant) and tasks "
+                    "published by its own running tasks are its.",
     )
 
 
@@ -185,6 +198,46 @@ class GuardSettings(_Model):
         return value
 
 
+class VisibilityGuardSettings(_Model):
+    """Tasks that may stay unacknowledged longer than Redis's ``visibility_timeout``.
+
+    Kombu's Redis transport delivers such a message again while the first worker still
+    holds it (an ETA task waits unacknowledged until its ETA; an ``acks_late`` task while
+    it runs), so the task runs twice. The guard warns and counts them; by ``action`` it
+    also sends the ones the middleware would route elsewhere. Redis transports only.
+    """
+
+    enabled: bool = Field(default=True, description="Check tasks at all (Redis brokers only).")
+    margin: float = Field(
+        default=0.8, gt=0, le=1,
+        description="Share of visibility_timeout a task's ETA wait plus predicted run may "
+                    "reach before the guard acts.",
+    )
+    action: Literal["warn", "default_queue", "queue"] = Field(
+        default="warn",
+        description="warn: log and count only; default_queue: also send a task the "
+                    "middleware would route to Celery's default queue; queue: to `queue`.",
+    )
+    queue: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="Queue for action 'queue' (a queue your workers consume; not a tier queue).",
+    )
+    runtime: Literal["p50", "p90"] = Field(
+        default="p90", description="Which predicted runtime counts: the median or the p90."
+    )
+    log_interval_s: float = Field(
+        default=300.0, ge=0, description="At most one warning per task name this often."
+    )
+
+    @model_validator(mode="after")
+    def _queue_given(self) -> VisibilityGuardSettings:
+        if self.action == "queue" and not self.queue:
+            raise ValueError("action 'queue' needs visibility_guard.queue")
+        if self.queue and self.queue.startswith("aitp."):
+            raise ValueError(f"queue {self.queue!r}: must not be a tier queue (aitp.*)")
+        return self
+
+
 class Policy(_Model):
     """The whole scheduling policy. See the README's configuration reference."""
 
@@ -232,7 +285,16 @@ class Policy(_Model):
         default_factory=ProfileSettings, description="Resource profiles from observed runs."
     )
     tier_order: TierOrder = Field(
-        default=TierOrder.WEIGHTED, description="How AITP workers on Redis read their tiers."
+        default=TierOrder.WEIGHTED,
+        description="How AITP workers read their tiers (Redis: weighted order; RabbitMQ: "
+                    "aging of waiting messages).",
+    )
+    aging: AgingSettings = Field(
+        default_factory=AgingSettings, description="RabbitMQ aging passes (weighted order)."
+    )
+    visibility_guard: VisibilityGuardSettings = Field(
+        default_factory=VisibilityGuardSettings,
+        description="Warn about (and divert) tasks near Redis's visibility_timeout.",
     )
 
     @field_validator("accelerators")
@@ -289,6 +351,8 @@ class Policy(_Model):
             if t not in self.tenants
         ]
         problems += _min_score_problems(self.tiers)
+        if self.tiers[0].promote_after_s is not None:
+            problems.append("tiers.0.promote_after_s: the top tier is never promoted")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -312,6 +376,27 @@ class Policy(_Model):
         n = len(self.tiers)
         return {t.name: t.weight if t.weight is not None else TIER_WEIGHT_RATIO ** (n - 1 - i)
                 for i, t in enumerate(self.tiers)}
+
+    def promotion_ages(self) -> dict[str, float]:
+        """Age (s since first publish) after which a waiting message of each lower tier is
+        raised to the top priority on RabbitMQ; the top tier is absent.
+
+        Default for tier ``t``: ``min(sla_top * w_top / w_t, max(sla_t - sla_top, sla_t /
+        2))``. The first term is how much longer than a top-tier message the weighted order
+        delays tier ``t`` under contention (the weight ratio, 8 per tier by default); the
+        second leaves the top tier's SLA for the wait after the promotion, so a tier meets
+        its SLA whenever the top tier meets its own.
+        """
+        weights = self.tier_weights()
+        top = self.tiers[0]
+        ages = {}
+        for tier in self.tiers[1:]:
+            if tier.promote_after_s is not None:
+                ages[tier.name] = tier.promote_after_s
+                continue
+            ratio = top.sla_s * weights[top.name] / weights[tier.name]
+            ages[tier.name] = min(ratio, max(tier.sla_s - top.sla_s, tier.sla_s / 2))
+        return ages
 
     def tier_min_scores(self) -> tuple[float, ...]:
         """Lowest score of each tier, highest tier first; the lowest tier takes the rest."""

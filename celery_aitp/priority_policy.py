@@ -26,6 +26,20 @@ class TierOrder(str, Enum):
     STRICT = "strict"  # always the highest non-empty tier (lower tiers may starve)
 
 
+class AgingSettings(_Section):
+    """RabbitMQ aging: how often waiting messages are looked at, and how many per queue.
+
+    The per-tier promotion age is ``tiers[].promote_after_s``; see ``worker/aging.py``.
+    """
+
+    interval_s: float = Field(default=2.0, gt=0, le=3600,
+                              description="Seconds between aging passes (one process at a time).")
+    max_inspect: int = Field(
+        default=200, ge=1, le=100_000,
+        description="Messages taken per broker queue per pass, in delivery order (highest "
+                    "priority first); a message behind more than this many is not reached.")
+
+
 class PriorityWeights(_Section):
     """Weight of each normalised factor in the score (all factors are in [0, 1])."""
 

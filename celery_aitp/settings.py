@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from celery_aitp.errors import PolicyError
 from celery_aitp.policy import Policy, load_policy
@@ -59,6 +59,20 @@ class Settings(BaseModel):
     per_run_memory: bool = Field(
         default=True, description="Measure each run's peak memory (Linux: resets VmHWM)."
     )
+    producer_tenant: str | None = Field(
+        default=None,
+        description="Pin this process's tasks to one tenant: a header or argument naming "
+                    "another is refused (counted tenant_refused).",
+    )
+
+    @field_validator("producer_tenant")
+    @classmethod
+    def _known_tenant(cls, value: str | None, info: ValidationInfo) -> str | None:
+        policy = info.data.get("policy")
+        if value is not None and policy is not None and value not in policy.tenants:
+            raise ValueError(f"{value!r} is not a tenant of the policy "
+                             f"({', '.join(sorted(policy.tenants))})")
+        return value
 
 
 _ENV_PREFIX = "AITP_"

@@ -10,6 +10,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from celery_aitp.redact import redact
+
 console = Console()
 
 
@@ -35,5 +37,5 @@ def emit_json(data: Any) -> None:
 
 def fail(message: str, code: int = 2) -> None:
     """Print an error to stderr and exit non-zero."""
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {redact(message)}", err=True)
     raise SystemExit(code)

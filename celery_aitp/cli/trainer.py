@@ -18,6 +18,7 @@ from celery_aitp.cli.train import train_and_promote
 from celery_aitp.cli.training import parse_duration
 from celery_aitp.errors import AitpError
 from celery_aitp.learn.observations import last_id, stream_length
+from celery_aitp.redact import redact
 
 
 class Trainer:
@@ -68,7 +69,7 @@ class Trainer:
             try:
                 self.round()
             except AitpError as exc:
-                console.print(f"[red]round failed[/red]: {exc}; retrying next round")
+                console.print(f"[red]round failed[/red]: {redact(exc)}; retrying next round")
             done += 1
             if rounds is not None and done >= rounds:
                 return

@@ -26,6 +26,7 @@ from celery_aitp.dashboard.stage_control import change_stage
 from celery_aitp.errors import AitpError, PolicyError, StoreError
 from celery_aitp.explain import explain
 from celery_aitp.publish.live_view import stage_from_doc
+from celery_aitp.redact import redact
 
 #: path -> what it returns (served at /api and in the README's API reference).
 ENDPOINTS = {
@@ -116,7 +117,7 @@ class Dashboard:
             explained = self._explain(task_id)
             observation = self.fleet.obs.find("task_id", task_id)
         except StoreError as exc:
-            return ApiResponse({"error": str(exc)}, status_code=503)
+            return ApiResponse({"error": redact(exc)}, status_code=503)
         body = task_page(task_id, explained, observation, self.policy)
         return ApiResponse(body, status_code=200 if body["found"] else 404)
 
@@ -135,7 +136,7 @@ class Dashboard:
             doc = store.read_stage()
             history = store.stage_history(50)
         except StoreError as exc:
-            return ApiResponse({"error": str(exc)}, status_code=503)
+            return ApiResponse({"error": redact(exc)}, status_code=503)
         stage, split = stage_from_doc(doc, self.policy)
         return ApiResponse({"stage": stage.value, "split": split.model_dump(mode="json"),
                             "stored": doc is not None, "history": history,
@@ -158,14 +159,14 @@ class Dashboard:
             result = change_stage(self.fleet.store, self.policy, body,
                                   who=f"dashboard:{user}@{client}")
         except PolicyError as exc:
-            return ApiResponse({"error": str(exc)}, status_code=400)
+            return ApiResponse({"error": redact(exc)}, status_code=400)
         except StoreError as exc:
-            return ApiResponse({"error": str(exc)}, status_code=503)
+            return ApiResponse({"error": redact(exc)}, status_code=503)
         if result["stage"]["stage"] == "coexistence" and self.drain is not None:
             try:  # a rollback by hand: nothing may keep waiting in a tier queue
                 result["moved"] = await run_in_threadpool(self.drain)
             except AitpError as exc:
-                result["moved_error"] = f"{exc} (the janitor drains them on its next pass)"
+                result["moved_error"] = redact(f"{exc} (the janitor drains them on its next pass)")
         self.fleet.snapshot(max_age_s=0)  # the next page refresh shows the change
         return ApiResponse(result)
 

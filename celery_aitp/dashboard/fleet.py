@@ -26,6 +26,7 @@ from celery_aitp.layout import Layout, PerTierLayout, physical_groups
 from celery_aitp.policy import Policy
 from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.queues import all_tier_queues, parse_tier_queue
+from celery_aitp.redact import redact
 from celery_aitp.scheduling.usage import read_usage
 from celery_aitp.store import RedisStore
 
@@ -200,7 +201,7 @@ class Fleet:
             base = self._read_store(now)
         except StoreError as exc:
             previous = self._snapshot or Snapshot(at=now)
-            return replace(previous, at=now, store_ok=False, store_error=str(exc),
+            return replace(previous, at=now, store_ok=False, store_error=redact(exc),
                            decisions_per_s=None)
         return self._with_queues(base, now)
 
@@ -214,11 +215,11 @@ class Fleet:
         try:
             model = read_model(store.client, store.keys.model, now)
         except Exception as exc:  # a malformed model hash must not hide the rest
-            model = {"loaded": False, "error": f"{type(exc).__name__}: {exc}"}
+            model = {"loaded": False, "error": redact(f"{type(exc).__name__}: {exc}")}
         try:  # the scheduler's own fair-share view: the same Jain and entropy it acts on
             fair_share = read_usage(store, self.policy, now).as_dict()
         except Exception as exc:  # malformed usage entries must not hide the rest
-            fair_share = {"error": f"{type(exc).__name__}: {exc}"}
+            fair_share = {"error": redact(f"{type(exc).__name__}: {exc}")}
         return Snapshot(
             at=now, store_ok=True, stage=stage.value, split=split.model_dump(mode="json"),
             stage_history=store.stage_history(20), workers=store.workers(),
@@ -253,7 +254,7 @@ class Fleet:
             rows = [self._queue_row(q, held, None, None, alive, snap.live_queues)
                     for q, held in groups.items()]
             return replace(snap, queues=rows, broker_ok=False,
-                           broker_error=f"{type(exc).__name__}: {exc}")
+                           broker_error=redact(f"{type(exc).__name__}: {exc}"))
         rows = [self._queue_row(q, held, depths.get(q), ages.get(q), alive, snap.live_queues)
                 for q, held in groups.items()]
         return replace(snap, queues=rows, broker_ok=True)

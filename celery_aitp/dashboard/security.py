@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -41,8 +42,17 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
 
 
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode("utf-8")).digest()
+
+
 def check_basic_auth(header: str | None, credentials: tuple[tuple[str, str], ...]) -> str | None:
-    """The authenticated user name, or None."""
+    """The authenticated user name, or None.
+
+    Compares SHA-256 digests with ``hmac.compare_digest`` (equal lengths, so neither the
+    content nor the length of a password shows in the time taken) against every known
+    pair, without an early exit.
+    """
     if not header or not header.lower().startswith("basic "):
         return None
     try:
@@ -50,11 +60,12 @@ def check_basic_auth(header: str | None, credentials: tuple[tuple[str, str], ...
     except (binascii.Error, UnicodeDecodeError):
         return None
     user, _, password = decoded.partition(":")
+    given_user, given_password = _digest(user), _digest(password)
     found = None
     for known_user, known_password in credentials:  # no early exit: constant work per try
-        ok_user = hmac.compare_digest(user.encode(), known_user.encode())
-        ok_password = hmac.compare_digest(password.encode(), known_password.encode())
-        if ok_user and ok_password:
+        ok_user = hmac.compare_digest(given_user, _digest(known_user))
+        ok_password = hmac.compare_digest(given_password, _digest(known_password))
+        if ok_user & ok_password:
             found = known_user
     return found
 

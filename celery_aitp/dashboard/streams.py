@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from celery_aitp.errors import StoreError
+from celery_aitp.redact import redact
 
 BATCH = 2000
 MAX_BATCHES_PER_POLL = 10
@@ -27,7 +28,7 @@ def _translated() -> Iterator[None]:
     try:
         yield
     except (redis.RedisError, OSError) as exc:
-        raise StoreError(f"store unreachable: {type(exc).__name__}: {exc}") from exc
+        raise StoreError(redact(f"store unreachable: {type(exc).__name__}: {exc}")) from exc
 
 
 def _decode(entry_id: Any, fields: Any) -> tuple[str, float, dict[str, Any]] | None:

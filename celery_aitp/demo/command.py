@@ -24,6 +24,7 @@ from rich.progress import Progress
 
 from celery_aitp.cli.output import console, table
 from celery_aitp.demo.embedded import EmbeddedRedis
+from celery_aitp.redact import redact
 
 WORKERS = {
     "cpu": ["--aitp-tenant", "*", "--aitp-accelerator", "cpu", "--aitp-no-default-queue",
@@ -159,7 +160,7 @@ def command(tasks: int, broker: str | None, seed: int, dashboard_port: int | Non
         os.environ.update(AITP_DEMO_BROKER=url, AITP_DEMO_PREFIX=env["AITP_DEMO_PREFIX"])
         from celery_aitp.demo import app as demo
 
-        console.print(f"broker: {'embedded Redis' if broker is None else url}")
+        console.print(f"broker: {'embedded Redis' if broker is None else redact(url)}")
         for name, args in WORKERS.items():
             stack.enter_context(worker(name, args, env))
         store = demo.app.aitp.store

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from celery_aitp.errors import StoreError
 from celery_aitp.policy import Policy, SplitSettings, Stage
+from celery_aitp.redact import redact
 from celery_aitp.store import RedisStore
 from celery_aitp.telemetry.buffer import RecordBuffer
 from celery_aitp.telemetry.counters import Counters
@@ -201,7 +202,7 @@ class LiveView:
             live, stage_doc, version = self.store.snapshot()
         except StoreError as exc:
             self.counters.incr("store_errors")
-            logger.debug("aitp: store refresh failed: %s", exc)
+            logger.debug("aitp: store refresh failed: %s", redact(exc))
             return False
         stage, split = stage_from_doc(stage_doc, self.policy, self.counters)
         sources = self._fetch_sources()
@@ -226,8 +227,8 @@ class LiveView:
                 values[source.name] = source.fetch(self.store, old)
             except Exception as exc:  # a broken source must not stop the refresher
                 self.counters.incr(f"source_errors:{source.name}")
-                logger.warning("aitp: source %s failed, keeping its last value: %r",
-                               source.name, exc)
+                logger.warning("aitp: source %s failed, keeping its last value: %s",
+                               source.name, redact(repr(exc)))
                 values[source.name] = old
         return MappingProxyType(values)
 

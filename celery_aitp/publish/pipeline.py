@@ -16,23 +16,37 @@ from celery_aitp.publish.priority_stage import PriorityStage
 from celery_aitp.publish.profile_stage import ProfileStage
 from celery_aitp.publish.request import Decision, Request
 from celery_aitp.publish.stages import GateStage, PublishStage, RouteStage, TenantStage
+from celery_aitp.publish.visibility_stage import VisibilityStage
 
 #: The fixed order of stage names; replacing a stage keeps its slot.
-STAGE_ORDER = ("tenant", "features", "predict", "profile", "priority", "route", "gate")
+STAGE_ORDER = ("tenant", "features", "predict", "profile", "priority", "route", "gate",
+               "visibility")
 
 
 def default_stages(policy: Policy, profile_refresh_s: float = 10.0,
-                   clock: Callable[[], float] | None = None) -> dict[str, PublishStage]:
+                   clock: Callable[[], float] | None = None,
+                   visibility_timeout_s: float | None = None,
+                   producer_tenant: str | None = None) -> dict[str, PublishStage]:
     """The stages every deployment starts with; ``clock`` is simulated time in a replay
-    (None: the wall clock, and the monotonic one where a stage measures intervals)."""
+    (None: the wall clock, and the monotonic one where a stage measures intervals).
+
+    ``visibility_timeout_s`` is the Redis transport's (None on other brokers): with it,
+    and the policy's ``visibility_guard`` enabled, the visibility stage runs last.
+    ``producer_tenant`` pins this process's tasks to one tenant (see ``TenantStage``).
+    """
     wall = clock or time.time
+    guard = policy.visibility_guard
+    extra: dict[str, PublishStage] = {}
+    if visibility_timeout_s is not None and guard.enabled:
+        extra["visibility"] = VisibilityStage(guard, visibility_timeout_s)
     return {
-        "tenant": TenantStage(policy),
+        "tenant": TenantStage(policy, producer_tenant),
         **prediction_stages(clock),
         "profile": ProfileStage(policy, profile_refresh_s, wall),
         "priority": PriorityStage(policy, wall),
         "route": RouteStage(),
         "gate": GateStage(),
+        **extra,
     }
 
 

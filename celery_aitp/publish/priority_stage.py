@@ -29,6 +29,7 @@ from celery_aitp.scheduling.factors import (
     tenant_factor,
 )
 from celery_aitp.scheduling.usage import UsageSource
+from celery_aitp.worker.running import running_origin
 
 #: Labels accepted in one ``aitp_labels`` header; more is bad input.
 MAX_HEADER_LABELS = 16
@@ -234,13 +235,13 @@ class PriorityStage:
 
 
 def _origin(request: Request, now: float) -> float:
-    """When the task was first published: a retry's previous ``aitp`` header says."""
+    """When the task was first published: for a retry, what the running task's own header
+    says (the worker received it from the middleware). An ``aitp`` header a caller passes
+    in is never read: it could claim any age and so a higher score.
+    """
     if not request.retries:
         return now
-    previous = request.headers.get("aitp")
-    if type(previous) is dict:  # as decoded from a message; not a subclass with odd reads
-        origin = previous.get("origin_at") or previous.get("decided_at")
-        if isinstance(origin, (int, float)) and not isinstance(origin, bool) \
-                and 0 < origin <= now:  # not a bool, NaN or inf
-            return float(origin)
+    origin = running_origin(request.task_id)
+    if origin is not None and 0 < origin <= now:
+        return origin
     return now

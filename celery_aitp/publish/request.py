@@ -27,7 +27,7 @@ class Request:
     __slots__ = (
         "task", "task_id", "args", "kwargs", "headers", "declared",
         "explicit_queue", "published_at", "retries", "root_id", "args_bytes", "kwargs_bytes",
-        "parent_tenant",
+        "parent_tenant", "eta",
     )
 
     def __init__(
@@ -45,6 +45,7 @@ class Request:
         args_bytes: int | None = None,
         kwargs_bytes: int | None = None,
         parent_tenant: str | None = None,
+        eta: str | None = None,
     ) -> None:
         self.task = task
         self.task_id = task_id
@@ -62,6 +63,7 @@ class Request:
         # tenant of the task running in this worker process, if this one is published
         # from inside it (a chain step, a chord body, a sub-task); already validated
         self.parent_tenant = parent_tenant
+        self.eta = eta  # Celery's ISO-8601 ``eta`` header (countdown too); None if unset
 
 
 class Decision:

@@ -40,13 +40,25 @@ class PublishStage(Protocol):
 
 class TenantStage:
     """Who the task is for: header, then the policy's keyword argument, then the tenant of
-    the task publishing it (chain steps, chord bodies, sub-tasks), then the default."""
+    the task publishing it (chain steps, chord bodies, sub-tasks), then the default.
+
+    The header and the keyword argument are caller data: they may name only a tenant of
+    the policy whose ``trusted_header`` is on, or, in a process pinned to one tenant
+    (``producer_tenant``), only that tenant. Anything else is counted (``tenant_unknown``,
+    ``tenant_invalid``, ``tenant_refused``) and the task gets the default tenant (the
+    pinned one, if any). Tiers are never read from a header.
+    """
 
     name = "tenant"
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, producer_tenant: str | None = None) -> None:
         self.tenants = frozenset(policy.tenants)
-        self.default = policy.default_tenant
+        if producer_tenant is not None and producer_tenant not in self.tenants:
+            raise ValueError(f"producer_tenant: {producer_tenant!r} is not in the policy's "
+                             "tenants")
+        self.claimable = frozenset((producer_tenant,)) if producer_tenant is not None else \
+            frozenset(name for name, spec in policy.tenants.items() if spec.trusted_header)
+        self.default = producer_tenant or policy.default_tenant
         self.kwarg = policy.tenant_kwarg
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
@@ -54,15 +66,24 @@ class TenantStage:
         if raw is None and self.kwarg and isinstance(request.kwargs, dict):
             raw = request.kwargs.get(self.kwarg)
         if raw is None:
-            raw = request.parent_tenant
-        if raw is None:
-            decision.tenant = self.default
-        elif isinstance(raw, str) and raw in self.tenants:
+            parent = request.parent_tenant  # validated when its own task was decided
+            if parent is None:
+                decision.tenant = self.default
+            elif parent in self.tenants:
+                decision.tenant = parent
+            else:  # the policy changed since: that tenant is gone
+                decision.tenant = self.default
+                decision.notes.append("tenant_unknown")
+        elif isinstance(raw, str) and raw in self.claimable:
             decision.tenant = raw
         else:
             decision.tenant = self.default
-            bad = not isinstance(raw, str) or len(raw) > MAX_TENANT_LEN
-            decision.notes.append("tenant_invalid" if bad else "tenant_unknown")
+            if not isinstance(raw, str) or len(raw) > MAX_TENANT_LEN:
+                decision.notes.append("tenant_invalid")
+            elif raw in self.tenants:
+                decision.notes.append("tenant_refused")
+            else:
+                decision.notes.append("tenant_unknown")
 
 
 class RouteStage:

@@ -68,6 +68,11 @@ class Keys:
         """Short lock so one process at a time drains orphaned queues."""
         return self._k("lock", "janitor")
 
+    @property
+    def aging_lock(self) -> str:
+        """Short lock so one process at a time runs RabbitMQ aging passes."""
+        return self._k("lock", "aging")
+
     def any(self, *parts: str) -> str:
         """A key under the prefix for a component that owns its own keys."""
         return self._k(*parts)

@@ -17,6 +17,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_aitp.errors import StageConflict, StoreError
+from celery_aitp.redact import redact
 from celery_aitp.store.keys import Keys
 
 HISTORY_LIMIT = 1000
@@ -59,7 +60,7 @@ def _translated() -> Iterator[None]:
     try:
         yield
     except (redis.RedisError, OSError) as exc:
-        raise StoreError(f"store unreachable: {type(exc).__name__}: {exc}") from exc
+        raise StoreError(redact(f"store unreachable: {type(exc).__name__}: {exc}")) from exc
 
 
 def _text(value: Any) -> str:

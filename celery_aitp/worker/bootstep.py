@@ -4,7 +4,8 @@ A worker started with ``--aitp-tenant`` consumes ``aitp.<tenant>.<accelerator>.<
 highest tier first, then (unless ``--aitp-no-default-queue``) its usual queues, and
 advertises what it serves in the shared store with a short expiry. Every worker of an
 app with the middleware installed, flagged or not, also runs the janitor that moves
-messages out of tier queues nobody serves any more.
+messages out of tier queues nobody serves any more, and on RabbitMQ the aging passes
+that raise long-waiting lower-tier messages (``worker/aging.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from celery_aitp.layout import physical_groups
 from celery_aitp.middleware import store_url_for
 from celery_aitp.policy import Policy
 from celery_aitp.queues import tier_queue_name
-from celery_aitp.worker import tier_cycle
+from celery_aitp.redact import redact
+from celery_aitp.worker import aging, tier_cycle
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +132,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         except PolicyError as exc:
             if self.plan.enabled:
                 raise
-            logger.error("aitp: %s; this worker runs without the janitor", exc)
+            logger.error("aitp: %s; this worker runs without the janitor", redact(exc))
             return False
         return True
 
@@ -172,7 +174,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         try:  # this process's counters (e.g. 'evacuated') are shipped by its live view
             self.middleware.live.current()
         except Exception as exc:  # a store outage must not stop the worker
-            logger.warning("aitp: live view not started: %r", exc)
+            logger.warning("aitp: live view not started: %s", redact(repr(exc)))
         if self.plan.enabled:
             self._spawn("aitp-advertise", self._advertise_loop)
         if self._follow_usage:  # fair share on the reading side: see worker/tier_cycle.py
@@ -181,6 +183,9 @@ class AitpWorkerStep(bootsteps.StartStopStep):
             live.current()
         janitor = Janitor(self.middleware)
         self._spawn("aitp-janitor", lambda: janitor.run(self._stop))
+        if aging.enabled(self.middleware.policy, self.middleware.broker_driver):
+            ager = aging.Ager(self.middleware)  # RabbitMQ's no-starvation: worker/aging.py
+            self._spawn("aitp-aging", lambda: ager.run(self._stop))
 
     def stop(self, worker: Any) -> None:
         self._stop.set()
@@ -188,7 +193,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
             try:
                 self.middleware.store.withdraw(self.hostname)
             except StoreError as exc:
-                logger.warning("aitp: could not withdraw advertisement: %s", exc)
+                logger.warning("aitp: could not withdraw advertisement: %s", redact(exc))
 
     def _spawn(self, name: str, target: Any) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -205,7 +210,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
                 self.middleware.store.advertise(self.hostname, self.plan.queue_names(), info,
                                                 settings.worker_ttl_s)
             except StoreError as exc:
-                logger.warning("aitp: advertisement failed: %s", exc)
+                logger.warning("aitp: advertisement failed: %s", redact(exc))
             if self._stop.wait(period):
                 return
 

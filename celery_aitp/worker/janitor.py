@@ -24,6 +24,7 @@ from celery_aitp.layout import physical_groups
 from celery_aitp.policy import Stage
 from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.queues import all_tier_queues
+from celery_aitp.redact import redact
 from celery_aitp.registry import QUEUE_OPS, resolve
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,6 @@ class Janitor:
                 if self.middleware.store.try_lock(lock_key, interval * 0.9, self.owner):
                     self.sweep()
             except (StoreError, AdapterError) as exc:
-                logger.warning("aitp: janitor pass skipped: %s", exc)
+                logger.warning("aitp: janitor pass skipped: %s", redact(exc))
             except Exception:
                 logger.exception("aitp: janitor pass failed")

@@ -23,21 +23,40 @@ def current_tenant() -> str | None:
     return getattr(_local, "tenant", None)
 
 
-def enter(request: Any) -> None:
-    """Remember the running task's tenant (a string, or None); never raises on odd headers.
+def running_origin(task_id: str) -> float | None:
+    """When task ``task_id`` was first published, if this thread is running it now.
 
-    The tenant stage still checks it against the policy before a sub-task uses it.
+    A retry is published by the task it retries, so its first-publish time is taken from
+    the ``aitp`` header the worker received, never from headers the caller hands over.
     """
+    if task_id and getattr(_local, "task_id", None) == task_id:
+        origin: float | None = getattr(_local, "origin", None)
+        return origin
+    return None
+
+
+def enter(request: Any) -> None:
+    """Remember the running task's tenant, first-publish time and id; never raises on
+    odd headers. The tenant stage still checks the tenant against the policy."""
     try:
         header = getattr(request, "aitp", None)
-        tenant = header.get("tenant") if isinstance(header, Mapping) else None
-    except Exception:
-        tenant = None
+        if not isinstance(header, Mapping):
+            header = {}
+        tenant = header.get("tenant")
+        origin = header.get("origin_at") or header.get("decided_at")
+    except Exception:  # a header whose reads raise: as if there were none
+        tenant = origin = None
     _local.tenant = tenant if type(tenant) is str else None
+    _local.origin = float(origin) if isinstance(origin, (int, float)) and \
+        not isinstance(origin, bool) and -1e300 < origin < 1e300 else None  # no NaN/inf
+    task_id = getattr(request, "id", None)
+    _local.task_id = task_id if type(task_id) is str else None
 
 
 def leave() -> None:
     _local.tenant = None
+    _local.origin = None
+    _local.task_id = None
 
 
 def connect(app: Any) -> None:

@@ -5,6 +5,7 @@ AITP_TEST_PREFIX   store key prefix (one per test)
 AITP_TEST_QUEUE    default queue name (one per test)
 AITP_TEST_POLICY   policy as JSON
 AITP_TEST_REFRESH_INTERVAL   the live view's refresh interval (default 0.5 s)
+AITP_TEST_TRANSPORT_OPTIONS  broker_transport_options as JSON (default none)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=600,
     worker_hijack_root_logger=False,
+    broker_transport_options=json.loads(os.environ.get("AITP_TEST_TRANSPORT_OPTIONS") or "{}"),
 )
 celery_aitp.install(
     app,
@@ -160,3 +162,27 @@ def step(self, x: int = 0, sleep: float = 0.0) -> dict:
     started = time.time()
     time.sleep(sleep)
     return {"x": x, "started": started, "queue": self.request.delivery_info.get("routing_key")}
+
+
+def _record_run(request: Any, kind: str, x: int, sleep: float) -> None:
+    """Append this run (start time, delivery priority) to ``<prefix>:runs`` (aging tests)."""
+    delivery = getattr(request, "delivery_info", None) or {}
+    aitp = getattr(request, "aitp", None) or {}
+    client = redis.Redis.from_url(os.environ.get("AITP_TEST_BACKEND") or app.conf.broker_url)
+    client.rpush(f"{PREFIX}:runs", json.dumps({
+        "kind": kind, "x": x, "id": request.id, "started": time.time(),
+        "priority": delivery.get("priority"), "origin_at": aitp.get("origin_at")}))
+    client.close()
+    time.sleep(sleep)
+
+
+@app.task(shared=False, bind=True, ignore_result=True, aitp={"tier": "hi"})
+def run_hi(self, x: int, sleep: float = 0.0) -> None:
+    """A top-tier run, recorded in order of start."""
+    _record_run(self.request, "hi", x, sleep)
+
+
+@app.task(shared=False, bind=True, ignore_result=True, aitp={"tier": "lo"})
+def run_lo(self, x: int, sleep: float = 0.0) -> None:
+    """A lowest-tier run, recorded in order of start."""
+    _record_run(self.request, "lo", x, sleep)

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import TEST_POLICY
+from tests.support.live import wait_live
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -32,16 +33,6 @@ def cleanup_env():
     yield
     for key in keys:
         os.environ.pop(key, None)
-
-
-def wait_live(proj, queue: str, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if queue in proj.app.aitp.store.live_queues():
-            proj.app.aitp.live.refresh()
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{queue} never advertised")
 
 
 def test_low_tier_keeps_its_share_under_a_high_tier_backlog(deployment, request):

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 
-def wait_live(proj: Any, queue: str, timeout: float = 10) -> None:
+def wait_live(proj: Any, queue: str, timeout: float = 15) -> None:
     """Until ``queue`` is advertised; then refresh the producer's view of it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -33,13 +33,15 @@ POLICY: dict[str, Any] = {
     "tiers": [{"name": "hi", "sla_s": 1}, {"name": "mid", "sla_s": 10},
               {"name": "lo", "sla_s": 60}],
     "tenants": {"acme": {"max_tier": "hi", "sla_s": 0.5}, "globex": {"max_tier": "mid"},
-                "default": {"max_tier": "lo"}},
+                "default": {"max_tier": "lo"},
+                "vip": {"max_tier": "hi", "trusted_header": False}},  # never from a header
     "accelerators": ["cpu", "gpu"],
     "labels": {"critical": 1.0, "billing": 0.9},
     "tenant_kwarg": "tenant",
     "stage": "takeover",
 }
 TENANTS = ("acme", "globex", "default")
+ALL_TENANTS = TENANTS + ("vip",)
 TASKS = ("h.urgent", "h.plain", "h.gpu", "h.unknown")
 
 
@@ -60,7 +62,7 @@ def deployment() -> Iterator[Celery]:
     @app.task(name="h.gpu", aitp={"accelerator": "gpu", "tier": "mid", "runtime_hint_s": 0.01})
     def gpu(*args: Any, **kwargs: Any) -> None: ...
 
-    queues = all_tier_queues(TENANTS, ("cpu", "gpu"), ("hi", "mid", "lo"))
+    queues = all_tier_queues(ALL_TENANTS, ("cpu", "gpu"), ("hi", "mid", "lo"))
     store.advertise("w1@hostile", queues, {}, ttl_s=3600)
     store.write_stage({"stage": "takeover", "split": {}}, who="test")
     mw.live.current()
@@ -69,7 +71,7 @@ def deployment() -> Iterator[Celery]:
     mw.close()
 
 
-tenant_values = st.one_of(st.sampled_from(TENANTS + ("ACME", "acme ", "", "nobody")),
+tenant_values = st.one_of(st.sampled_from(ALL_TENANTS + ("ACME", "acme ", "", "nobody")),
                           py_values)
 label_values = st.one_of(
     st.lists(st.sampled_from(["critical", "billing", "nope", " critical"]), max_size=20),
@@ -111,7 +113,7 @@ def _check_outcome(app: Celery, options: dict[str, Any]) -> dict[str, Any]:
     if header["reason"].startswith("error:"):  # the decision itself failed: nothing decided
         assert (header["tenant"], header["tier"], header["routed"]) == ("", "", False)
     else:
-        assert header["tenant"] in TENANTS and header["tier"] in ("hi", "mid", "lo")
+        assert header["tenant"] in ALL_TENANTS and header["tier"] in ("hi", "mid", "lo")
     if header["tier"]:
         assert _rank(header["tier"]) >= _cap(header["tenant"]), header  # the cap holds
     queue = options.get("queue")
@@ -138,12 +140,13 @@ def test_on_publish_never_raises_and_never_raises_a_tier(deployment, task, heade
     before = dict(mw.counters.totals)
     out = mw.on_publish(task, message, options)
     header = _check_outcome(deployment, out)
+    assert header["tenant"] != "vip"  # trusted_header: false, and no running task here
     raw = headers.get("aitp_tenant") if type(headers) is dict else None
     if raw is not None and not (isinstance(raw, str) and raw in TENANTS):
         # a rejected tenant header is counted, and the task goes to the default tenant
         assert header["tenant"] == "default" or header["reason"].startswith("error:")
         rejected = sum(mw.counters.totals[k] - before.get(k, 0)
-                       for k in ("tenant_invalid", "tenant_unknown"))
+                       for k in ("tenant_invalid", "tenant_unknown", "tenant_refused"))
         assert rejected >= 1 or header["reason"].startswith("error:")
     if not auto:
         assert header["routed"] is False  # an explicit queue is always respected
@@ -214,7 +217,7 @@ def test_a_forged_running_tenant_never_reaches_a_sub_task_unchecked(deployment, 
         running.leave()
     result = _check_outcome(deployment, out)
     forged = header.get("tenant") if type(header) is dict else None
-    if not (type(forged) is str and forged in TENANTS):
+    if not (type(forged) is str and forged in ALL_TENANTS):
         assert result["tenant"] == "default"
 
 

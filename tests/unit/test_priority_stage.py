@@ -147,17 +147,39 @@ def test_resource_demand_from_an_observed_gpu_profile():
     assert heavy.factors["resources"] == pytest.approx(2048 / 4096)
 
 
+class _Running:
+    """What Celery hands ``task_prerun``: the running task's id and its aitp header."""
+
+    def __init__(self, task_id: str, header: dict) -> None:
+        self.id, self.aitp = task_id, header
+
+
 def test_retries_keep_their_origin_and_age_raises_the_score():
+    from celery_aitp.worker import running
+
     first, _ = decide(req())
     assert first.origin_at == 1000.0 and first.factors["age"] == 0
-    retry = req(retries=2, headers={"aitp": {"decided_at": 800.0, "origin_at": 400.0}})
-    d, _ = decide(retry, now=1000.0)
-    assert d.origin_at == 400.0 and d.factors["age"] == 1.0  # 600 s = max_age_s
-    assert d.score > first.score
-    forged = req(retries=1, headers={"aitp": {"origin_at": "yesterday"}})
-    assert decide(forged)[0].factors["age"] == 0
-    future = req(retries=1, headers={"aitp": {"origin_at": 5000.0}})
-    assert decide(future)[0].factors["age"] == 0
+    retry = req(retries=2)
+    running.enter(_Running("id", {"decided_at": 800.0, "origin_at": 400.0}))
+    try:  # a retry is published by the task it retries, inside the worker
+        d, _ = decide(retry, now=1000.0)
+        assert d.origin_at == 400.0 and d.factors["age"] == 1.0  # 600 s = max_age_s
+        assert d.score > first.score
+        future = req(retries=1)
+        running.enter(_Running("id", {"origin_at": 5000.0}))
+        assert decide(future)[0].factors["age"] == 0
+        running.enter(_Running("other-id", {"origin_at": 400.0}))  # another task's age
+        assert decide(req(retries=1))[0].factors["age"] == 0
+    finally:
+        running.leave()
+
+
+def test_a_forged_aitp_header_cannot_claim_age():
+    """A caller's own ``aitp`` header (any origin_at) with ``retries=`` raises nothing."""
+    for forged in ({"origin_at": 400.0, "decided_at": 400.0}, {"origin_at": "yesterday"},
+                   {"origin_at": 5000.0}):
+        d, _ = decide(req(retries=3, headers={"aitp": forged}), now=1000.0)
+        assert d.factors["age"] == 0 and d.origin_at == 1000.0, forged
 
 
 def test_every_decision_charges_fair_share_usage_in_the_background_batch():
