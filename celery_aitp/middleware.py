@@ -77,6 +77,7 @@ class Middleware:
         self._queues: dict[str, Queue] = {}
         self._lock = threading.Lock()
         self._config_error_reported = False
+        self._bad_headers_reported: set[str] = set()
 
     # --- lazily built parts -------------------------------------------------------
 
@@ -299,8 +300,11 @@ class Middleware:
         headers = _caller_headers(options.get("headers"))
         if headers is None:  # not a mapping, or one that cannot be read: replaced
             self.counters.incr("rejected:headers")
-            logger.warning("aitp: %s: ignoring headers that are not a readable mapping",
-                           decision.task)
+            if decision.task not in self._bad_headers_reported and \
+                    len(self._bad_headers_reported) < 1000:  # once per task name
+                self._bad_headers_reported.add(decision.task)
+                logger.warning("aitp: %s: ignoring headers= that is not a readable mapping "
+                               "(counted as rejected:headers)", decision.task)
             headers = {}
         headers["aitp"] = decision.header()
         options["headers"] = headers

@@ -229,3 +229,15 @@ def test_odd_values_in_a_forged_origin_keep_it_finite_and_in_the_past(deployment
             {"headers": {"aitp": {"origin_at": origin}}, AUTO_ROUTE: True})
         header = _check_outcome(deployment, out)
         assert math.isfinite(header["origin_at"])
+
+
+def test_headers_that_are_not_a_mapping_are_replaced_counted_and_explained(deployment, caplog):
+    mw = deployment.aitp
+    before = mw.counters.totals["rejected:headers"]
+    message = SimpleNamespace(headers={"id": "t"}, body=((), {}, {}))
+    with caplog.at_level("WARNING", logger="celery_aitp.middleware"):
+        out = mw.on_publish("h.plain", message, {"headers": ["aitp_tenant", "acme"],
+                                                 AUTO_ROUTE: True})
+    assert set(out["headers"]) == {"aitp"} and out["headers"]["aitp"]["tenant"] == "default"
+    assert mw.counters.totals["rejected:headers"] == before + 1
+    assert "rejected:headers" in caplog.text and "h.plain" in caplog.text

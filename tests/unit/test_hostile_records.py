@@ -203,3 +203,15 @@ def test_hostile_entries_in_the_observation_stream_are_skip_markers(entries):
     assert len(got) == len(entries) + 1
     assert all(isinstance(r, (dict, Unreadable)) for r in got)
     assert all(isinstance(r, dict) for r in store.read_records(store.keys.observations))
+
+
+def test_a_forged_header_field_is_named_in_the_log(worker_app, caplog):
+    observer = Observer(worker_app)
+    request = SimpleNamespace(aitp={"tenant": "evil", "decided_at": float("nan")},
+                              delivery_info={}, hostname="w", retries=0)
+    task = SimpleNamespace(app=worker_app, name="h.task", request=request, aitp={})
+    with caplog.at_level("WARNING", logger="celery_aitp.worker.observe"):
+        observer.prerun(task_id="t2", task=task)
+        observer.postrun(task_id="t2", task=task, state="SUCCESS", args=[], kwargs={})
+    assert "'tenant'" in caplog.text and "rejected:aitp_header:tenant" in caplog.text
+    assert "'decided_at'" in caplog.text
