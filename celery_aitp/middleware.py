@@ -78,6 +78,7 @@ class Middleware:
         self._tier_targets: dict[str, tuple[Queue, int]] = {}  # name -> (queue, priority)
         self._lock = threading.Lock()
         self._config_error_reported = False
+        self._bad_headers_reported: set[str] = set()
 
     # --- lazily built parts -------------------------------------------------------
 
@@ -228,12 +229,11 @@ class Middleware:
         try:
             decision = self._decide(name, message, options, auto, now)
         except PolicyError as exc:  # misconfigured (e.g. no store URL with RabbitMQ)
-            task_id = str(getattr(message, "headers", {}).get("id", ""))
-            decision = Decision("unknown", now, name, task_id).fall_back("config_error")
+            decision = Decision("unknown", now, name, _task_id(message)).fall_back(
+                "config_error")
             self._report_config_error(exc)
         except Exception as exc:
-            task_id = str(getattr(message, "headers", {}).get("id", ""))
-            decision = Decision("unknown", now, name, task_id).fall_back(
+            decision = Decision("unknown", now, name, _task_id(message)).fall_back(
                 f"error:{type(exc).__name__}")
             logger.warning("aitp: decision failed for %s, using Celery's route: %s", name,
                            redact(repr(exc)))
@@ -298,13 +298,16 @@ class Middleware:
         return self.live.buffer(self.store.keys.decisions)
 
     def _apply(self, decision: Decision, options: dict[str, Any], auto: bool) -> None:
-        headers = options.get("headers")
-        if headers:  # the caller's dict is copied, never changed
-            headers = dict(headers) if type(headers) is dict or isinstance(headers, Mapping) \
-                else {}
-            headers["aitp"] = decision.header()
-        else:
-            headers = {"aitp": decision.header()}
+        headers = _caller_headers(options.get("headers"))
+        if headers is None:  # not a mapping, or one that cannot be read: replaced
+            self.counters.incr("rejected:headers")
+            if decision.task not in self._bad_headers_reported and \
+                    len(self._bad_headers_reported) < 1000:  # once per task name
+                self._bad_headers_reported.add(decision.task)
+                logger.warning("aitp: %s: ignoring headers= that is not a readable mapping "
+                               "(counted as rejected:headers)", decision.task)
+            headers = {}
+        headers["aitp"] = decision.header()
         options["headers"] = headers
         # The Decision itself is buffered: the refresher builds its record off this path
         # (not when misconfigured: there is no store to build it for).
@@ -358,6 +361,30 @@ def transport_driver(app: Any) -> str:
         return str(conn.transport.driver_type)
     finally:
         conn.release()
+
+
+def _caller_headers(raw: Any) -> dict[str, Any] | None:
+    """A copy of the caller's headers (theirs is never changed); None if unusable."""
+    if raw is None:
+        return {}
+    if type(raw) is dict:
+        return dict(raw)
+    if isinstance(raw, Mapping):
+        try:
+            return dict(raw)
+        except Exception:
+            return None
+    return None
+
+
+def _task_id(message: Any) -> str:
+    """The message's task id for a fallback record; never raises, whatever the message."""
+    try:
+        headers = getattr(message, "headers", None)
+        found = headers.get("id") if type(headers) is dict else None
+        return found if type(found) is str else ""
+    except Exception:
+        return ""
 
 
 def _drop_destination(options: dict[str, Any]) -> None:

@@ -52,7 +52,8 @@ def _check_name(value: str) -> str:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: an infinite SLA or a NaN weight would turn every score into NaN
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Tier(_Model):
@@ -425,10 +426,19 @@ def _min_score_problems(tiers: tuple[Tier, ...]) -> list[str]:
     return problems
 
 
+def _path_part(part: Any) -> str:
+    """A field path element as written in a policy, quoted when it is not a plain name."""
+    text = str(part)
+    return text if _PLAIN_KEY.fullmatch(text) else repr(text)
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
 def _format_errors(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "(policy)"
+        path = ".".join(_path_part(p) for p in err["loc"]) or "(policy)"
         message = err["msg"].removeprefix("Value error, ")
         lines.append(f"{path}: {message}")
     return "\n".join(lines)
@@ -442,6 +452,8 @@ def parse_policy(data: Mapping[str, Any]) -> Policy:
         return Policy.model_validate(dict(data))
     except ValidationError as exc:
         raise PolicyError(_format_errors(exc)) from None
+    except RecursionError:  # a self-referencing YAML alias, or absurd nesting
+        raise PolicyError("(policy): nested too deeply (or refers to itself)") from None
 
 
 def read_policy_file(path: str | Path) -> Policy:
@@ -451,11 +463,15 @@ def read_policy_file(path: str | Path) -> Policy:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read policy file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    kind = "JSON" if path.suffix == ".json" else "YAML"
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        kind = "JSON" if path.suffix == ".json" else "YAML"
         raise PolicyError(f"{path}: not valid {kind}: {exc}") from None
+    except RecursionError:
+        raise PolicyError(f"{path}: not valid {kind}: nested too deeply") from None
     return parse_policy(data if data is not None else {})
 
 

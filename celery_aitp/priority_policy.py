@@ -16,7 +16,7 @@ FACTORS = ("tenant", "sla", "impact", "resources", "runtime", "age")
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TierOrder(str, Enum):

@@ -171,7 +171,7 @@ def _load(path: str) -> Trace:
     try:
         trace = load_jsonl(path)
     except OSError as exc:
-        fail(f"{path}: cannot read trace ({exc.strerror})")
+        fail(f"{path}: cannot read trace ({exc.strerror or exc})")
     if not len(trace):
         fail(f"{path}: no replayable records ({trace.skipped_summary()})")
     return trace

@@ -10,6 +10,7 @@ browsers and scrapers ask. It only reads; the one write (the stage) is in
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections import deque
@@ -135,12 +136,13 @@ def read_model(client: Any, key: str, now: float) -> dict[str, Any]:
         text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
         try:
             info[name] = json.loads(text) if name != "version" else text
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep
             info[name] = text
     meta: dict[str, Any] = info["meta"] if isinstance(info.get("meta"), dict) else {}
     version = info.get("version", meta.get("version"))
     trained_at = info.get("trained_at", meta.get("trained_at"))
-    trained = float(trained_at) if isinstance(trained_at, (int, float)) else None
+    trained = float(trained_at) if isinstance(trained_at, (int, float)) \
+        and not isinstance(trained_at, bool) and math.isfinite(trained_at) else None
     return {
         "loaded": version is not None,
         "version": None if version is None else str(version),

@@ -34,7 +34,9 @@ REPR_MAXSIZE = 1024
 
 
 def _finite(value: Any) -> bool:
-    return (type(value) is int or type(value) is float) and math.isfinite(value)
+    if type(value) is float:
+        return math.isfinite(value)
+    return type(value) is int and -1e300 < value < 1e300  # a huge int has no float
 
 
 class Observation:
@@ -75,7 +77,7 @@ def _runtime_problem(value: Any) -> str | None:
         return "runtime_s not a number"
     if value != value:
         return "runtime_s is NaN"
-    if not math.isfinite(value):
+    if not _finite(value):
         return "runtime_s is infinite"
     if value < 0:
         return "negative runtime_s"
@@ -250,5 +252,5 @@ def read_jsonl(path: str | Path) -> Iterator[Any]:
                 continue
             try:
                 yield json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deep
                 yield Unreadable("not JSON")

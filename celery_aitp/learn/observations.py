@@ -66,6 +66,6 @@ def _decode(fields: Any) -> Any:
     raw = fields.get(b"r") if isinstance(fields, dict) else None
     try:
         doc = json.loads(raw) if raw is not None else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # RecursionError: nested too deep
         return Unreadable("not JSON")
     return doc if isinstance(doc, dict) else Unreadable("not a JSON object")

@@ -69,6 +69,9 @@ class ModelBundle:
             texts = {name: (path / name).read_text() for name in _FILES}
         except OSError as exc:
             raise ModelError(f"{path}: {exc.strerror or exc}: {exc.filename}") from None
+        except UnicodeDecodeError as exc:
+            raise ModelError(f"{path}: a model file is not UTF-8 text (byte {exc.start})") \
+                from None
         return cls(parse_meta(texts["meta.json"]), texts["p50.txt"], texts["p90.txt"])
 
 
@@ -77,6 +80,8 @@ def parse_meta(text: Any) -> dict[str, Any]:
         meta = json.loads(text)
     except (TypeError, ValueError) as exc:
         raise ModelError(f"model metadata is not JSON: {exc}") from None
+    except RecursionError:
+        raise ModelError("model metadata is not JSON: nested too deeply") from None
     if not isinstance(meta, dict):
         raise ModelError("model metadata is not a JSON object")
     return meta
@@ -176,7 +181,7 @@ def verify_check_rows(compiled: CompiledRuntimeModel, meta: Mapping[str, Any],
             got = compiled.raw(x)
             ok = _close(got[0], float(want50)) and _close(got[1], float(want90))
             compiled.check_key_scores(x)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ModelError("a check row holds something other than numbers") from None
         if not ok:
             raise ModelError("model does not reproduce the scores recorded at training")

@@ -184,7 +184,11 @@ class FeatureSpec:
         else:
             hour, weekday = hour_and_weekday(published_at)
         h_last2, h_mean, h_count = history or _NO_HISTORY
-        get = kwargs.get
+        try:
+            get = kwargs.get
+            named = [value_of(get(name)) for name in self.kwarg_names]
+        except Exception:  # a dict subclass whose reads raise: its values are missing
+            named = [NAN] * len(self.kwarg_names)
         return (
             self.tasks.get(task, NAN), self.tenants.get(tenant, NAN), n_args, len(kwargs),
             args_bytes if type(args_bytes) is int else _number_or_nan(args_bytes),
@@ -195,8 +199,7 @@ class FeatureSpec:
             value_of(args[3]) if n_args > 3 else NAN,
             NAN if hint_s is None else _number_or_nan(hint_s),
             retries if type(retries) is int else NAN,
-            hour, weekday, h_last2, h_mean, h_count,
-            *[value_of(get(name)) for name in self.kwarg_names],
+            hour, weekday, h_last2, h_mean, h_count, *named,
         )
 
     def row(self, task: str, tenant: str, arguments: Mapping[str, Any], hint_s: Any,

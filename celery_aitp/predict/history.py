@@ -16,6 +16,7 @@ Producers re-read the hash in the refresher thread when the version moved, at mo
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -85,7 +86,7 @@ def parse_entry(raw: Any) -> tuple[int, list[float]] | None:
         runtimes = [float(v) for v in rest.split(",") if v]
     except ValueError:
         return None
-    runtimes = [r for r in runtimes if r >= 0 and r == r][:HISTORY_DEPTH]
+    runtimes = [r for r in runtimes if 0 <= r < math.inf][:HISTORY_DEPTH]  # no NaN/inf
     return (count, runtimes) if runtimes else None
 
 
@@ -169,7 +170,10 @@ class HistoryStore:
             raw = self.client.get(self.version_key)
         except (redis.RedisError, OSError) as exc:
             raise StoreError(f"store unreachable: {exc}") from exc
-        return int(raw) if raw else None
+        try:
+            return int(raw) if raw else None
+        except ValueError:  # not written by INCR: as if there were no summary
+            return None
 
     def read(self) -> dict[Pair, tuple[int, list[float]]]:
         try:

@@ -81,7 +81,7 @@ class ModelStore:
         for item in raw:
             try:
                 doc = json.loads(item)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deep
                 continue
             if isinstance(doc, dict):
                 out.append(doc)

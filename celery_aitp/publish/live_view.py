@@ -77,15 +77,22 @@ class View:
                     self.fetched_at, self.sources)
 
 
-def stage_from_doc(doc: dict[str, Any] | None, policy: Policy) -> tuple[Stage, SplitSettings]:
-    """Stage and split settings from the store's document; the policy's when absent or bad."""
-    if not doc:
+def stage_from_doc(doc: Any, policy: Policy,
+                   counters: Counters | None = None) -> tuple[Stage, SplitSettings]:
+    """Stage and split settings from the store's document; the policy's when absent or bad
+    (a bad one is logged and counted as ``rejected:stage``)."""
+    if doc is None or doc == {}:
         return policy.stage, policy.split
     try:
+        if type(doc) is not dict:
+            raise TypeError(f"expected an object, got {type(doc).__name__}")
         stage = Stage(doc.get("stage"))
         split = SplitSettings.model_validate(doc.get("split") or {})
-    except (ValueError, TypeError):
-        logger.error("aitp: ignoring malformed stage document in the store: %r", doc)
+    except (ValueError, TypeError) as exc:
+        if counters is not None:
+            counters.incr("rejected:stage")
+        logger.error("aitp: ignoring malformed stage document in the store (%s): %.200r",
+                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__, doc)
         return policy.stage, policy.split
     return stage, split
 
@@ -197,7 +204,7 @@ class LiveView:
             self.counters.incr("store_errors")
             logger.debug("aitp: store refresh failed: %s", redact(exc))
             return False
-        stage, split = stage_from_doc(stage_doc, self.policy)
+        stage, split = stage_from_doc(stage_doc, self.policy, self.counters)
         sources = self._fetch_sources()
         self._view = View(live, stage, split, True, version, time.monotonic(), sources)
         for listener in self._listeners:
@@ -266,7 +273,10 @@ class LiveView:
                 return
             self._running = True
             self._stop = threading.Event()
-            self.refresh()  # one synchronous round so the first publish sees real state
+            try:
+                self.refresh()  # one synchronous round so the first publish sees real state
+            except Exception:  # the thread below must start whatever the store holds
+                logger.exception("aitp: first refresh round failed")
             self._thread = threading.Thread(target=self._run, name="aitp-live-view", daemon=True)
             self._thread.start()
             if not self._atexit:

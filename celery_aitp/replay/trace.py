@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import math
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -51,7 +52,10 @@ class Trace:
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond any float
+        return None
     return value if math.isfinite(value) else None
 
 
@@ -97,22 +101,28 @@ def from_records(raw_records: Iterable[Any], skipped: Counter[str] | None = None
 
 
 def _open(path: Path, mode: str) -> IO[str]:
-    """A text handle; ``.gz`` files are (de)compressed on the fly."""
+    """A text handle; ``.gz`` files are (de)compressed on the fly. Bytes that are not
+    UTF-8 are read as U+FFFD (the line then fails as JSON, or keeps the odd name)."""
+    errors = "replace" if mode == "r" else "strict"
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.GzipFile(path, mode + "b"), encoding="utf-8")
-    return path.open(mode, encoding="utf-8")
+        return io.TextIOWrapper(gzip.GzipFile(path, mode + "b"), encoding="utf-8",
+                                errors=errors)
+    return path.open(mode, encoding="utf-8", errors=errors)
 
 
 def _json_lines(path: Path, skipped: Counter[str]) -> Iterator[Any]:
     with _open(path, "r") as handle:
-        for line in handle:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield json.loads(line)
-            except ValueError:
-                skipped["not JSON"] += 1
+        try:
+            for line in handle:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    yield json.loads(line)
+                except (ValueError, RecursionError):  # RecursionError: nested too deep
+                    skipped["not JSON"] += 1
+        except (EOFError, zlib.error):  # a cut or damaged .gz: keep what was read
+            skipped["truncated file"] += 1
 
 
 def load_jsonl(path: str | Path) -> Trace:

@@ -14,6 +14,7 @@ raw counter a writer adds (e.g. ``_n``, the number of samples ever added).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,8 +29,9 @@ local ttl = tonumber(ARGV[2])
 local now = tonumber(ARGV[3])
 local meta = redis.call('HMGET', key, '_ref', '_hl')
 local ref = tonumber(meta[1])
-local old_hl = tonumber(meta[2]) or hl
-if not ref then
+local old_hl = tonumber(meta[2])
+if not old_hl or old_hl ~= old_hl or old_hl <= 0 or old_hl == math.huge then old_hl = hl end
+if not ref or ref ~= ref or ref == math.huge or ref == -math.huge then
   ref = now
   redis.call('HSET', key, '_ref', ref, '_hl', hl)
 elseif old_hl ~= hl or (now - ref) / hl > 32 or (ref - now) / hl > 32 then
@@ -37,8 +39,8 @@ elseif old_hl ~= hl or (now - ref) / hl > 32 or (ref - now) / hl > 32 then
   local all = redis.call('HGETALL', key)
   for i = 1, #all, 2 do
     if string.sub(all[i], 1, 1) ~= '_' then
-      local v = tonumber(all[i + 1]) * scale
-      if v < 1e-9 then
+      local v = (tonumber(all[i + 1]) or 0) * scale
+      if not (v >= 1e-9 and v < math.huge) then
         redis.call('HDEL', key, all[i])
       else
         redis.call('HSET', key, all[i], tostring(v))
@@ -53,6 +55,13 @@ for i = 4, #ARGV, 2 do
   local field = ARGV[i]
   local amount = tonumber(ARGV[i + 1])
   if string.sub(field, 1, 1) ~= '_' then amount = amount * w end
+  local current = redis.call('HGET', key, field)
+  if current then  -- a value no writer of this script left (garbage, NaN, inf): reset
+    local n = tonumber(current)
+    if not n or n ~= n or n == math.huge or n == -math.huge then
+      redis.call('HDEL', key, field)
+    end
+  end
   redis.call('HINCRBYFLOAT', key, field, tostring(amount))
 end
 if ttl > 0 then redis.call('EXPIRE', key, math.ceil(ttl)) end
@@ -97,7 +106,12 @@ def decayed_values(fields: Mapping[str, str],
         hl = float(fields["_hl"])
     except (KeyError, ValueError):
         return {}, {}
-    scale = 2.0 ** (-(now - ref) / hl) if hl > 0 else 0.0
+    if not (math.isfinite(ref) and math.isfinite(hl)):
+        return {}, {}
+    try:
+        scale = 2.0 ** (-(now - ref) / hl) if hl > 0 else 0.0
+    except OverflowError:  # a reference time far off for its half-life: not usable
+        return {}, {}
     values: dict[str, float] = {}
     raw: dict[str, float] = {}
     for name, text in fields.items():
@@ -106,6 +120,8 @@ def decayed_values(fields: Mapping[str, str],
         try:
             number = float(text)
         except ValueError:
+            continue
+        if not math.isfinite(number):  # not something the script writes: ignored
             continue
         if name.startswith("_"):
             raw[name] = number

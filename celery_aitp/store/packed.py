@@ -26,7 +26,7 @@ def entry_records(fields: Any) -> list[dict[str, Any]]:
     if raw is not None:
         try:
             doc = json.loads(raw)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):  # RecursionError: nested too deep
             return []
         return [doc] if isinstance(doc, dict) else []
     raw = _field(fields, b"b")
@@ -34,7 +34,7 @@ def entry_records(fields: Any) -> list[dict[str, Any]]:
         return []
     try:
         docs = json.loads(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # RecursionError: nested too deep
         return []
     if not isinstance(docs, list):
         return []

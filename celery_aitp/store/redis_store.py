@@ -123,7 +123,8 @@ class RedisStore:
         horizon = time.time() - 3600
         for name, value in raw.items():
             doc = _json_or_none(value)
-            if isinstance(doc, dict) and doc.get("heartbeat", 0) >= horizon:
+            beat = doc.get("heartbeat") if isinstance(doc, dict) else None
+            if isinstance(beat, (int, float)) and beat >= horizon:  # also drops NaN
                 docs.append(doc)
             else:
                 stale.append(name)
@@ -171,7 +172,7 @@ class RedisStore:
     def stage_history(self, limit: int = 50) -> list[dict[str, Any]]:
         with translated_errors():
             raw = self.client.lrange(self.keys.stage_history, 0, max(0, limit - 1))
-        return [doc for doc in map(_json_or_none, raw) if doc is not None]
+        return [doc for doc in map(_json_or_none, raw) if isinstance(doc, dict)]
 
     # --- the snapshot the publish path caches -----------------------------------
 
@@ -200,7 +201,13 @@ class RedisStore:
     def counts(self) -> dict[str, int]:
         with translated_errors():
             raw = self.client.hgetall(self.keys.counters)
-        return {_text(k): int(v) for k, v in raw.items()}
+        out = {}
+        for k, v in raw.items():
+            try:
+                out[_text(k)] = int(v)
+            except ValueError:  # not written by HINCRBY: ignored
+                continue
+        return out
 
     def append_records(
         self, stream: str, records: Iterable[Mapping[str, Any] | str], maxlen: int
@@ -249,5 +256,5 @@ def _json_or_none(raw: Any) -> Any:
         return None
     try:
         return json.loads(raw)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # RecursionError: nested too deep
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import resource
 import socket
@@ -35,14 +36,16 @@ _HOST = socket.gethostname()
 
 
 def safe_json(value: Any, limit: int = MAX_ARGS_BYTES) -> Any:
-    """``value`` if it is JSON-safe and small, else a short summary that cannot raise."""
+    """``value`` as JSON will hold it (objects as their repr) if small, else a short
+    summary; never raises, and the result is plain JSON data (nothing left to convert
+    when the record is shipped)."""
     try:
         text = json.dumps(value, default=repr, allow_nan=False)
-    except (ValueError, TypeError, RecursionError):
+    except Exception:  # NaN, cycles, too deep, or an object whose repr raises
         return {"_unserializable": type(value).__name__}
     if len(text) > limit:
         return {"_truncated": type(value).__name__, "bytes": len(text)}
-    return value
+    return json.loads(text)  # objects json.dumps only rendered become their repr
 
 
 def _cpu_seconds() -> float:
@@ -66,11 +69,53 @@ def _repr_length(text: Any) -> int | None:
     return len(text) if isinstance(text, str) else None
 
 
-def _header(request: Any) -> dict[str, Any]:
+#: ``aitp`` header fields a record keeps, by the type they must have.
+_TEXT_FIELDS = ("tenant", "tier", "accelerator", "reason", "stage", "arm",
+                "prediction_source", "queue")
+_NUMBER_FIELDS = ("decided_at", "predicted_runtime_s", "predicted_p90_s")
+#: Longest header text kept (queue names and reasons are far shorter).
+MAX_HEADER_TEXT = 256
+
+
+def _raw_header(request: Any) -> dict[str, Any]:
     raw = getattr(request, "aitp", None)
     if raw is None and isinstance(getattr(request, "headers", None), dict):
         raw = request.headers.get("aitp")
-    return raw if isinstance(raw, dict) else {}
+    return raw if type(raw) is dict else {}
+
+
+def checked_header(raw: Mapping[str, Any], tenants: Any) -> tuple[dict[str, Any], list[str]]:
+    """The ``aitp`` header fields a record may keep, and the names of those rejected.
+
+    The header arrives with the message, so anyone who can publish can forge it: texts
+    must be short strings (the tenant one of the policy's), numbers finite, ``routed`` a
+    bool. A rejected field is recorded as null.
+    """
+    out: dict[str, Any] = {}
+    bad: list[str] = []
+    for name in _TEXT_FIELDS:
+        value = raw.get(name)
+        if value is None:
+            continue
+        if type(value) is str and len(value) <= MAX_HEADER_TEXT and (
+                name != "tenant" or value in tenants):
+            out[name] = value
+        else:
+            bad.append(name)
+    for name in _NUMBER_FIELDS:
+        value = raw.get(name)
+        if value is None:
+            continue
+        if type(value) in (int, float) and math.isfinite(value):
+            out[name] = value
+        else:
+            bad.append(name)
+    routed = raw.get("routed")
+    if type(routed) is bool:
+        out["routed"] = routed
+    elif routed is not None:
+        bad.append("routed")
+    return out, bad
 
 
 def record_run(ledger: RunLedger, history: HistorySink, record: Mapping[str, Any]) -> None:
@@ -94,6 +139,7 @@ class Observer:
         self._history: HistorySink | None = None
         #: Accelerator class of this worker (set by the worker step; None if unflagged).
         self.accelerator: str | None = None
+        self._reported: set[str] = set()  # header fields whose rejection was logged
 
     def _parts(self) -> tuple[RunMeter, RunLedger, HistorySink]:
         """Per-run meter, run ledger and history sink of this process, built on its first
@@ -143,17 +189,37 @@ class Observer:
             self.app.aitp.counters.incr("observations_failed")
             logger.debug("aitp: could not record run of %s", task_id, exc_info=True)
 
+    def _header(self, request: Any) -> dict[str, Any]:
+        """The checked ``aitp`` header; each rejected field counted and logged once."""
+        mw = self.app.aitp
+        header, bad = checked_header(_raw_header(request), mw.policy.tenants)
+        for name in bad:
+            mw.counters.incr(f"rejected:aitp_header:{name}")
+            if name not in self._reported:
+                self._reported.add(name)
+                logger.warning("aitp: ignoring a malformed %r in the aitp header of a "
+                               "message (recorded as null; counted as "
+                               "rejected:aitp_header:%s)", name, name)
+        return header
+
     def _record(self, task: Any, task_id: str, state: str | None, args: Any, kwargs: Any,
                 started: tuple[float, float, float]) -> dict[str, Any]:
         start_wall, start_perf, start_cpu = started
         runtime = time.perf_counter() - start_perf
         request = task.request
-        header = _header(request)
-        delivery = getattr(request, "delivery_info", None) or {}
+        header = self._header(request)
+        delivery = getattr(request, "delivery_info", None)
+        delivery = delivery if type(delivery) is dict else {}
+        routing_key = delivery.get("routing_key")
+        hostname = getattr(request, "hostname", None)
+        retries = getattr(request, "retries", 0)
         decided_at = header.get("decided_at")
         ready_at = _eta_seconds(getattr(request, "eta", None)) or decided_at
         declared = getattr(task, "aitp", None)
-        hint = declared.get("runtime_hint_s") if isinstance(declared, dict) else None
+        hint = declared.get("runtime_hint_s") if type(declared) is dict else None
+        if not isinstance(hint, (int, float)) or isinstance(hint, bool) \
+                or not math.isfinite(hint):
+            hint = None
         call_args = list(args) if isinstance(args, (list, tuple)) else []
         call_kwargs = kwargs if isinstance(kwargs, dict) else {}
         return {
@@ -171,8 +237,8 @@ class Observer:
             "predicted_p90_s": header.get("predicted_p90_s"),
             "prediction_source": header.get("prediction_source"),
             "would_queue": header.get("queue"),
-            "queue": delivery.get("routing_key"),
-            "worker": getattr(request, "hostname", None) or _HOST,
+            "queue": routing_key if type(routing_key) is str else None,
+            "worker": hostname if type(hostname) is str and hostname else _HOST,
             "host": _HOST,
             "worker_accelerator": self.accelerator,
             "args": safe_json(call_args),
@@ -180,27 +246,27 @@ class Observer:
             "args_bytes": _repr_length(getattr(request, "argsrepr", None)),
             "kwargs_bytes": _repr_length(getattr(request, "kwargsrepr", None)),
             "features": _json_features(call_args, call_kwargs, request),
-            "runtime_hint_s": hint if isinstance(hint, (int, float)) else None,
+            "runtime_hint_s": hint,
             "published_at": decided_at if isinstance(decided_at, (int, float)) else start_wall,
             "started_at": start_wall,
             "wait_s": (start_wall - ready_at) if isinstance(ready_at, (int, float)) else None,
             "runtime_s": runtime,
             "cpu_s": _cpu_seconds() - start_cpu,
             "peak_rss_mb": _peak_rss_mb(),
-            "outcome": state,
-            "retries": getattr(request, "retries", 0) or 0,
+            "outcome": state if type(state) is str else None,
+            "retries": retries if type(retries) is int else 0,
         }
 
 
 def _eta_seconds(eta: Any) -> float | None:
-    if not eta:
-        return None
     try:
         from datetime import datetime
 
+        if eta is None or eta == "":
+            return None
         moment = eta if isinstance(eta, datetime) else datetime.fromisoformat(str(eta))
         return moment.timestamp()
-    except (ValueError, TypeError):
+    except Exception:  # a malformed ETA is no reason to lose the record
         return None
 
 

@@ -36,15 +36,21 @@ def running_origin(task_id: str) -> float | None:
 
 
 def enter(request: Any) -> None:
-    header = getattr(request, "aitp", None)
-    if not isinstance(header, Mapping):
-        header = {}
-    tenant = header.get("tenant")
-    _local.tenant = tenant if isinstance(tenant, str) else None
-    origin = header.get("origin_at") or header.get("decided_at")
+    """Remember the running task's tenant, first-publish time and id; never raises on
+    odd headers. The tenant stage still checks the tenant against the policy."""
+    try:
+        header = getattr(request, "aitp", None)
+        if not isinstance(header, Mapping):
+            header = {}
+        tenant = header.get("tenant")
+        origin = header.get("origin_at") or header.get("decided_at")
+    except Exception:  # a header whose reads raise: as if there were none
+        tenant = origin = None
+    _local.tenant = tenant if type(tenant) is str else None
     _local.origin = float(origin) if isinstance(origin, (int, float)) and \
-        not isinstance(origin, bool) else None
-    _local.task_id = getattr(request, "id", None)
+        not isinstance(origin, bool) and -1e300 < origin < 1e300 else None  # no NaN/inf
+    task_id = getattr(request, "id", None)
+    _local.task_id = task_id if type(task_id) is str else None
 
 
 def leave() -> None:

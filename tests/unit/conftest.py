@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,6 +10,7 @@ import fakeredis
 import pytest
 from celery import Celery
 from celery.signals import after_task_publish
+from hypothesis import HealthCheck, settings
 
 import celery_aitp
 from celery_aitp.store import Keys, RedisStore
@@ -77,3 +79,20 @@ def trained(synthetic_records: list[dict[str, Any]]) -> Any:
     from celery_aitp.learn.train import TrainConfig, train
 
     return train(synthetic_records, TrainConfig(rounds=40, p90_rounds=10))
+
+
+# --- hostile-input property tests (tests/unit/test_hostile_*.py) ---------------------
+# One fixed, deterministic budget for every property test of hostile input, so CI runs
+# the same examples each time and the whole set stays well under a minute. Raise it
+# locally to search further (AITP_HOSTILE_EXAMPLES=1000); still derandomized.
+HOSTILE_EXAMPLES = int(os.environ.get("AITP_HOSTILE_EXAMPLES", "60"))
+settings.register_profile(
+    "hostile",
+    max_examples=HOSTILE_EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                           HealthCheck.data_too_large],
+)
