@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -40,6 +38,7 @@ from celery_aitp.layout import AMQP_DRIVERS, Layout, physical_of_all
 from celery_aitp.policy import Policy
 from celery_aitp.priority_policy import TierOrder
 from celery_aitp.queues import tier_queue_name
+from celery_aitp.worker.janitor import BrokerQueuePass
 
 logger = logging.getLogger(__name__)
 
@@ -138,24 +137,14 @@ def longest_wait_s(promote_after_s: float, interval_s: float, ahead: int, proces
             + math.ceil((ahead + 1) / max(1, processes)) * max_runtime_s)
 
 
-class Ager:
+class Ager(BrokerQueuePass):
     """Runs aging passes over the policy's broker queues (one process at a time)."""
 
     def __init__(self, middleware: Any, ops: Any = None) -> None:
-        self.middleware = middleware
-        self._ops = ops
+        super().__init__(middleware, ops)
         self.plan = AgingPlan(middleware.policy, middleware.layout)
         #: Per broker queue, when its next message may become due (see :meth:`sweep`).
         self.next_due: dict[str, float] = {}
-        self.owner = f"{socket.gethostname()}:{os.getpid()}"
-
-    @property
-    def ops(self) -> Any:
-        if self._ops is None:
-            from celery_aitp.worker.janitor import queue_ops_for
-
-            self._ops = queue_ops_for(self.middleware.app)
-        return self._ops
 
     def sweep(self, now: float | None = None) -> dict[str, int]:
         """One pass over the broker queues that may hold a due message; returns messages

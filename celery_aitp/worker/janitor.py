@@ -37,8 +37,10 @@ def queue_ops_for(app: Any) -> Any:
     return resolve(QUEUE_OPS, transport_driver(app))(app)
 
 
-class Janitor:
-    """Finds orphaned tier queues and drains them into the default queue."""
+class BrokerQueuePass:
+    """What a periodic pass over the broker's queues needs: the middleware, the broker's
+    QueueOps (made on first use, so a pass that never runs opens no connection) and the
+    owner name it takes the store lock under."""
 
     def __init__(self, middleware: Any, ops: Any = None) -> None:
         self.middleware = middleware
@@ -50,6 +52,10 @@ class Janitor:
         if self._ops is None:
             self._ops = queue_ops_for(self.middleware.app)
         return self._ops
+
+
+class Janitor(BrokerQueuePass):
+    """Finds orphaned tier queues and drains them into the default queue."""
 
     def known_queues(self) -> list[str]:
         """Every logical tier queue the policy can produce."""
