@@ -42,16 +42,14 @@ class FeatureStage:
         tenant = decision.tenant
         task = request.task
         history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features.get((tenant, task))
-        build = model.request_key or model.spec.vector  # the key alone when it can
-        values = build(
-            task, tenant, request.args, request.kwargs, request.args_bytes,
-            request.kwargs_bytes, request.declared.get("runtime_hint_s"), request.retries,
-            request.published_at, history,
-        )
-        if build is model.spec.vector:
-            decision.features = values
+        inputs = (task, tenant, request.args, request.kwargs, request.args_bytes,
+                  request.kwargs_bytes, request.declared.get("runtime_hint_s"),
+                  request.retries, request.published_at, history)
+        key = model.request_key
+        if key is not None:  # the key alone when the model can be walked over it
+            decision.feature_key = key(*inputs)
         else:
-            decision.feature_key = values
+            decision.features = model.spec.vector(*inputs)
 
 
 class PredictStage:

@@ -100,6 +100,26 @@ def test_the_model_predicts_once_promoted(synthetic_app, store, published, train
     assert h["predicted_p90_s"] >= h["predicted_runtime_s"] > 0
 
 
+def test_a_model_without_a_request_key_predicts_from_the_feature_vector(
+        synthetic_app, store, published, trained):
+    make_live(store, "aitp.acme.cpu.lo")
+    ModelStore(store).promote(trained.bundle)
+    view = refreshed(synthetic_app)
+    model = view.sources[MODEL_SOURCE]
+    model.request_key = None  # as for a model whose forests cannot be walked over the key
+    h = publish(synthetic_app, published, "media.resize", 640, 480, quality=85)
+    assert h["prediction_source"] == "model"
+    request = Request("media.resize", "id", (640, 480), {"quality": 85},
+                      published_at=h["decided_at"], args_bytes=len("(640, 480)"),
+                      kwargs_bytes=len("{'quality': 85}"))
+    decision = Decision("takeover", h["decided_at"])
+    decision.tenant = "acme"
+    synthetic_app.aitp.pipeline.stages[1](request, decision, view)  # the features stage
+    assert decision.feature_key is None and len(decision.features) == len(model.spec.names)
+    assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == \
+        model.compiled.evaluate(decision.features)
+
+
 def test_a_refused_model_leaves_cold_start_in_place(synthetic_app, store, published, trained):
     HistoryStore(store).add_runs([("acme", "mail.send", 0.05)])
     broken = ModelBundle({**trained.bundle.meta, "version": "bad"}, "tree\ngarbage",
