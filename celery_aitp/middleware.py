@@ -344,9 +344,7 @@ class Middleware:
             # the layout's priority keeps tiers strict: 0 on Redis, the tier on RabbitMQ
             found = self._tier_targets[name] = (self.queue(name), self.layout.priority(name))
         options["queue"], options["priority"] = found
-        options.pop("exchange", None)
-        options.pop("routing_key", None)
-        options.pop("exchange_type", None)
+        _drop_destination(options)
 
     def close(self) -> None:
         """Flush telemetry and stop the refresher (process shutdown)."""

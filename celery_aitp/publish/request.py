@@ -185,18 +185,13 @@ class Decision:
             if len(_SHARED_JSON) >= _SHARED_LIMIT:
                 _SHARED_JSON.clear()
             fragment = _SHARED_JSON[shared] = _shared_fragment(shared)
-        # finite floats inline (x - x is 0.0 only for finite x); anything else: _number
-        p50, p90, sc = self.predicted_runtime_s, self.predicted_p90_s, self.score
         at, origin = self.decided_at, self.origin_at
-        at_s = repr(at) if type(at) is float and at - at == 0.0 else _number(at)
+        at_s = _number(at)
         origin_s = at_s if origin is at else _number(origin)
         return (f'{{"v":{HEADER_VERSION},{fragment},"task_id":{_quote(self.task_id)},'
-                f'"predicted_runtime_s":'
-                f'{repr(p50) if type(p50) is float and p50 - p50 == 0.0 else _number(p50)},'
-                f'"predicted_p90_s":'
-                f'{repr(p90) if type(p90) is float and p90 - p90 == 0.0 else _number(p90)},'
-                f'"score":'
-                f'{repr(sc) if type(sc) is float and sc - sc == 0.0 else _number(sc)},'
+                f'"predicted_runtime_s":{_number(self.predicted_runtime_s)},'
+                f'"predicted_p90_s":{_number(self.predicted_p90_s)},'
+                f'"score":{_number(self.score)},'
                 f'"factors":{_factors(self.factors)},'
                 f'"profile":{_shared(self.profile)},"tier_steps":{_shared(self.tier_steps)},'
                 f'"decided_at":{at_s},"origin_at":{origin_s}}}')
@@ -212,7 +207,7 @@ def _shared_fragment(values: tuple[Any, ...]) -> str:
 
 def _number(value: Any) -> str:
     if type(value) is float:
-        return repr(value) if math.isfinite(value) else "null"
+        return repr(value) if value - value == 0.0 else "null"  # 0.0 only when finite
     return "null" if value is None else _ENCODE(value)
 
 
