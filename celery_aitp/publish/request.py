@@ -66,6 +66,22 @@ class Request:
         self.eta = eta  # Celery's ISO-8601 ``eta`` header (countdown too); None if unset
 
 
+def header_origin(header: Any) -> float | None:
+    """When the task of an ``aitp`` header was first published: ``origin_at``, else
+    ``decided_at`` (a first publish leaves ``origin_at`` out); None unless one of them is
+    a positive finite number. Never raises, whatever the header holds."""
+    if not isinstance(header, Mapping):
+        return None
+    try:
+        for field in ("origin_at", "decided_at"):
+            value = header.get(field)
+            if (type(value) is int or type(value) is float) and 0 < value < math.inf:
+                return float(value)
+    except Exception:  # a mapping whose reads raise: as if it held nothing
+        return None
+    return None
+
+
 class Decision:
     """The route chosen for one task, and why. Becomes the ``aitp`` message header."""
 

@@ -37,6 +37,7 @@ from celery_aitp.errors import AdapterError, StoreError
 from celery_aitp.layout import AMQP_DRIVERS, Layout, physical_of_all
 from celery_aitp.policy import Policy
 from celery_aitp.priority_policy import TierOrder
+from celery_aitp.publish.request import header_origin
 from celery_aitp.queues import tier_queue_name
 from celery_aitp.worker.janitor import BrokerQueuePass
 
@@ -88,18 +89,8 @@ class Selector:
 
 
 def first_publish(headers: Any) -> float | None:
-    """When the task was first published (``aitp.origin_at``, else ``decided_at``)."""
-    if not isinstance(headers, Mapping):
-        return None
-    aitp = headers.get("aitp")
-    if not isinstance(aitp, Mapping):
-        return None
-    for field in ("origin_at", "decided_at"):
-        value = aitp.get(field)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and math.isfinite(value) and value > 0:
-            return float(value)
-    return None
+    """When the task was first published, from the message's ``aitp`` header."""
+    return header_origin(headers.get("aitp")) if isinstance(headers, Mapping) else None
 
 
 class AgingPlan:

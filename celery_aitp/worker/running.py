@@ -15,6 +15,8 @@ from typing import Any
 
 from celery import signals
 
+from celery_aitp.publish.request import header_origin
+
 _local = threading.local()
 
 
@@ -40,15 +42,11 @@ def enter(request: Any) -> None:
     odd headers. The tenant stage still checks the tenant against the policy."""
     try:
         header = getattr(request, "aitp", None)
-        if not isinstance(header, Mapping):
-            header = {}
-        tenant = header.get("tenant")
-        origin = header.get("origin_at") or header.get("decided_at")
+        tenant = header.get("tenant") if isinstance(header, Mapping) else None
     except Exception:  # a header whose reads raise: as if there were none
-        tenant = origin = None
+        header = tenant = None
     _local.tenant = tenant if type(tenant) is str else None
-    _local.origin = float(origin) if isinstance(origin, (int, float)) and \
-        not isinstance(origin, bool) and -1e300 < origin < 1e300 else None  # no NaN/inf
+    _local.origin = header_origin(header)
     task_id = getattr(request, "id", None)
     _local.task_id = task_id if type(task_id) is str else None
 

@@ -237,3 +237,14 @@ def test_a_first_publish_leaves_out_origin_at_and_retries_keep_the_first_time(ap
     second = retry(first, 1)
     assert second["origin_at"] == first["decided_at"] < second["decided_at"]
     assert retry(second, 2)["origin_at"] == first["decided_at"]
+
+
+def test_header_origin_reads_a_first_publish_time_or_nothing():
+    from celery_aitp.publish.request import header_origin
+
+    assert header_origin({"decided_at": 5.0}) == 5.0  # a first publish: no origin_at
+    assert header_origin({"origin_at": 2, "decided_at": 5.0}) == 2.0
+    for odd in (None, [], {"origin_at": float("nan")}, {"decided_at": float("inf")},
+                {"origin_at": True}, {"origin_at": -1.0}, {"origin_at": 10 ** 400},
+                {"origin_at": "1.0"}):
+        assert header_origin(odd) is None, odd
