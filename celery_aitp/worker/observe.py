@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import resource
 import socket
@@ -75,6 +74,8 @@ _TEXT_FIELDS = ("tenant", "tier", "accelerator", "reason", "stage", "arm",
 _NUMBER_FIELDS = ("decided_at", "predicted_runtime_s", "predicted_p90_s")
 #: Longest header text kept (queue names and reasons are far shorter).
 MAX_HEADER_TEXT = 256
+#: Largest magnitude of a header number kept (times and runtimes are far smaller).
+MAX_HEADER_NUMBER = 1e300
 
 
 def _raw_header(request: Any) -> dict[str, Any]:
@@ -106,8 +107,8 @@ def checked_header(raw: Mapping[str, Any], tenants: Any) -> tuple[dict[str, Any]
         value = raw.get(name)
         if value is None:
             continue
-        if type(value) in (int, float) and math.isfinite(value):
-            out[name] = value
+        if type(value) in (int, float) and -MAX_HEADER_NUMBER < value < MAX_HEADER_NUMBER:
+            out[name] = value  # compared, not converted: a huge int cannot raise, NaN fails
         else:
             bad.append(name)
     routed = raw.get("routed")
@@ -217,8 +218,8 @@ class Observer:
         ready_at = _eta_seconds(getattr(request, "eta", None)) or decided_at
         declared = getattr(task, "aitp", None)
         hint = declared.get("runtime_hint_s") if type(declared) is dict else None
-        if not isinstance(hint, (int, float)) or isinstance(hint, bool) \
-                or not math.isfinite(hint):
+        if not ((type(hint) is int or type(hint) is float)
+                and -MAX_HEADER_NUMBER < hint < MAX_HEADER_NUMBER):
             hint = None
         call_args = list(args) if isinstance(args, (list, tuple)) else []
         call_kwargs = kwargs if isinstance(kwargs, dict) else {}

@@ -94,3 +94,12 @@ def test_any_argument_is_recorded_safely(app, value):
     app.tasks["tests.unit.conftest.plain"].apply((value,)).get()
     (record,) = records(app)
     assert record["features"]["n_args"] == 1
+
+
+def test_header_numbers_out_of_range_are_rejected_without_raising():
+    from celery_aitp.worker.observe import checked_header
+
+    for odd in (10 ** 400, -10 ** 400, float("nan"), float("inf"), True, "1.0"):
+        kept, bad = checked_header({"decided_at": odd, "tenant": "acme"}, {"acme"})
+        assert kept == {"tenant": "acme"} and bad == ["decided_at"], odd
+    assert checked_header({"decided_at": 12.5}, {"acme"}) == ({"decided_at": 12.5}, [])
