@@ -10,7 +10,6 @@ browsers and scrapers ask. It only reads; the one write (the stage) is in
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from collections import deque
@@ -23,6 +22,7 @@ from celery_aitp.dashboard.streams import StreamTail
 from celery_aitp.dashboard.totals import RunTotals
 from celery_aitp.errors import StoreError
 from celery_aitp.layout import Layout, PerTierLayout, physical_groups
+from celery_aitp.numbers import finite_number
 from celery_aitp.policy import Policy
 from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.queues import all_tier_queues, parse_tier_queue
@@ -141,8 +141,7 @@ def read_model(client: Any, key: str, now: float) -> dict[str, Any]:
     meta: dict[str, Any] = info["meta"] if isinstance(info.get("meta"), dict) else {}
     version = info.get("version", meta.get("version"))
     trained_at = info.get("trained_at", meta.get("trained_at"))
-    trained = float(trained_at) if isinstance(trained_at, (int, float)) \
-        and not isinstance(trained_at, bool) and math.isfinite(trained_at) else None
+    trained = finite_number(trained_at)
     return {
         "loaded": version is not None,
         "version": None if version is None else str(version),

@@ -7,13 +7,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from celery_aitp.numbers import finite_number
+
 
 def number(value: Any) -> float | None:
     """A finite float, or None for anything else (older records, bad data)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+    return finite_number(value)
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:

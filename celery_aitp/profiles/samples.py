@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from celery_aitp.numbers import finite_number
 from celery_aitp.profiles.histogram import bucket_of
 from celery_aitp.profiles.profile import ACCEL, FAMILIES
 
@@ -14,10 +14,8 @@ _CLASS = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) and value >= 0 else None
+    number = finite_number(value)
+    return number if number is not None and number >= 0 else None
 
 
 def run_fields(record: Mapping[str, Any]) -> dict[str, float]:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
+from celery_aitp.numbers import finite_number
+
 #: Bump when the ``aitp`` header changes shape; readers accept older versions.
 HEADER_VERSION = 1
 
@@ -74,9 +76,9 @@ def header_origin(header: Any) -> float | None:
         return None
     try:
         for field in ("origin_at", "decided_at"):
-            value = header.get(field)
-            if (type(value) is int or type(value) is float) and 0 < value < math.inf:
-                return float(value)
+            value = finite_number(header.get(field))
+            if value is not None and value > 0:
+                return value
     except Exception:  # a mapping whose reads raise: as if it held nothing
         return None
     return None

@@ -10,11 +10,11 @@ product has. The oracle is that pipeline with its ``predict`` stage swapped for
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from celery_aitp.numbers import finite_number
 from celery_aitp.policy import Policy, Stage
 from celery_aitp.publish.live_view import View
 from celery_aitp.publish.pipeline import Pipeline
@@ -44,13 +44,11 @@ class OraclePredictStage:
         self.header = header
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
-        value = request.headers.get(self.header)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = float(value)
-            if math.isfinite(value) and value >= 0:
-                decision.predicted_runtime_s = value
-                decision.predicted_p90_s = value
-                decision.prediction_source = "oracle"
+        value = finite_number(request.headers.get(self.header))
+        if value is not None and value >= 0:
+            decision.predicted_runtime_s = value
+            decision.predicted_p90_s = value
+            decision.prediction_source = "oracle"
 
 
 _RECORDED: dict[tuple[str, Any, Any], Mapping[str, Any]] = {}

@@ -12,12 +12,13 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import math
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
+
+from celery_aitp.numbers import finite_number
 
 
 class Trace:
@@ -49,14 +50,7 @@ class Trace:
         return f"skipped {total} record(s): {parts}"
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:  # an int beyond any float
-        return None
-    return value if math.isfinite(value) else None
+_number = finite_number
 
 
 def check_record(raw: Any) -> tuple[dict[str, Any] | None, str]:

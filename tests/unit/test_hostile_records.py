@@ -215,3 +215,11 @@ def test_a_forged_header_field_is_named_in_the_log(worker_app, caplog):
         observer.postrun(task_id="t2", task=task, state="SUCCESS", args=[], kwargs={})
     assert "'tenant'" in caplog.text and "rejected:aitp_header:tenant" in caplog.text
     assert "'decided_at'" in caplog.text
+
+
+def test_finite_number_never_raises_and_keeps_only_finite_numbers():
+    from celery_aitp.numbers import finite_number
+
+    assert finite_number(3) == 3.0 and finite_number(-2.5) == -2.5
+    for odd in (None, True, "1", float("nan"), float("inf"), -float("inf"), 10 ** 400, [1]):
+        assert finite_number(odd) is None, odd
