@@ -5,7 +5,9 @@ headers) to the same real broker in the same process; the variants take turns in
 round (the order rotates) and each round also ships the variant's own telemetry
 (counters, decision records) inside the timed part, so background work is charged to
 whoever caused it. Prints microseconds per task (wall clock and process CPU) and the
-ratio to plain Celery (median over rounds of the per-round ratio).
+ratio to plain Celery (median over rounds of the per-round ratio). The last variant
+publishes one precomputed decision for every task: what Celery and kombu cost for the
+header and the tier route alone, the floor under any decision.
 
     python benchmarks/publish_overhead.py                      # Redis only
     python benchmarks/publish_overhead.py --amqp amqp://guest:guest@127.0.0.1:5672//
@@ -31,6 +33,8 @@ import celery_aitp  # noqa: E402
 from celery_aitp.layout import physical_groups  # noqa: E402
 from celery_aitp.queues import all_tier_queues  # noqa: E402
 
+#: The variant that publishes one precomputed decision for every task (no pipeline).
+FLOOR = "floor: fixed decision"
 TASKS = ("media.resize", "reports.build", "ml.fit", "etl.batch", "mail.send", "geo.route")
 
 
@@ -62,6 +66,27 @@ class Variant:
                                           who="benchmark")
         common.install_model(self.middleware, bundle if self.with_model else None, history)
 
+    def fix_decision(self, name: str, args: list[Any], kwargs: dict[str, Any],
+                     headers: dict[str, Any]) -> None:
+        """Make every publish reuse one precomputed decision: the same ``aitp`` header
+        (fresh ``decided_at``) and tier queue for every task, no pipeline. What is left is
+        what Celery and kombu spend on the header and the tier route: the floor under any
+        decision."""
+        mw = self.middleware
+        decision = mw.pipeline.decide(
+            _request(name, args, kwargs, headers), mw.live.current(), time.time())
+        header, queue = decision.header(), decision.queue or ""
+
+        def on_publish(task: str, message: Any, opts: dict[str, Any]) -> dict[str, Any]:
+            opts.pop("_aitp_auto", None)
+            found = dict(opts.get("headers") or {})
+            found["aitp"] = dict(header, decided_at=time.time())
+            opts["headers"] = found
+            mw._send_to_tier(opts, queue)
+            return opts
+
+        mw.on_publish = on_publish
+
     def publish(self, messages: list[tuple[str, list[Any], dict[str, Any], dict[str, Any]]]
                 ) -> tuple[float, float]:
         tasks = self.tasks
@@ -79,6 +104,13 @@ class Variant:
 
 def _noop(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+def _request(name: str, args: list[Any], kwargs: dict[str, Any],
+             headers: dict[str, Any]) -> Any:
+    from celery_aitp.publish.request import Request
+
+    return Request(name, "floor", args, kwargs, headers, {}, None, time.time())
 
 
 def messages_for(records: list[dict[str, Any]]) -> list[Any]:
@@ -121,11 +153,12 @@ def run_broker(label: str, broker: str, store_url: str, args: argparse.Namespace
     queues = all_tier_queues(tenants, ("cpu", "gpu"), ("hi", "mid", "lo"))
     plan = [("plain", None, True), ("coexistence", "coexistence", True),
             ("split 50%", "split", True), ("takeover, cold start", "takeover", False),
-            ("takeover", "takeover", True)]
+            ("takeover", "takeover", True), (FLOOR, "takeover", True)]
     variants = [Variant(i, name, broker, store_url, run, stage, model)
                 for i, (name, stage, model) in enumerate(plan)]
     for variant in variants:
         variant.prepare(queues, bundle, history)
+    variants[-1].fix_decision(*messages[0])
     # where those tier queues wait on this broker (RabbitMQ: one per tenant and accelerator)
     layout = next(v.middleware.layout for v in variants if v.middleware is not None)
     all_queues = [f"bench-{run}", *dict.fromkeys([*queues, *physical_groups(layout, queues)])]
