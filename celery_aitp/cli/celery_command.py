@@ -34,6 +34,7 @@ aitp.add_command(validate)
 COMMANDS = (
     "celery_aitp.cli.status",
     "celery_aitp.cli.evacuate",
+    "celery_aitp.cli.age",
     "celery_aitp.cli.replay",
     "celery_aitp.cli.train",
     "celery_aitp.cli.trainer",

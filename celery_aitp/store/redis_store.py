@@ -239,12 +239,22 @@ class RedisStore:
         with translated_errors():
             return bool(self.client.set(key, owner, nx=True, px=max(1, int(ttl_s * 1000))))
 
+    def release_lock(self, key: str, owner: str) -> bool:
+        """Give up a lock taken with :meth:`try_lock`, only if ``owner`` still holds it."""
+        with translated_errors():
+            return bool(self.client.eval(_RELEASE, 1, key, owner))
+
     def ping(self) -> bool:
         try:
             with translated_errors():
                 return bool(self.client.ping())
         except StoreError:
             return False
+
+
+#: Delete a lock only when its value is the caller's owner name (no one else's lock).
+_RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+            "return redis.call('del', KEYS[1]) end return 0")
 
 
 def _queues_of(members: Iterable[Any]) -> frozenset[str]:

@@ -44,6 +44,10 @@ from celery_aitp.worker.janitor import BrokerQueuePass
 logger = logging.getLogger(__name__)
 
 
+#: How long ``celery aitp age`` may hold the aging lock (it gives it up when done).
+MANUAL_LOCK_S = 120.0
+
+
 class Selector:
     """Decides, message by message in delivery order, which ones to promote.
 
@@ -173,6 +177,18 @@ class Ager(BrokerQueuePass):
             logger.info("aitp: raised %d aged message(s) to their tenant's top priority: %s",
                         sum(promoted.values()), promoted)
         return promoted
+
+    def pass_now(self) -> dict[str, int] | None:
+        """One pass over every broker queue now (``celery aitp age``), under the same lock
+        as the workers' passes; None while another process holds it."""
+        store = self.middleware.store
+        key = store.keys.aging_lock
+        if not store.try_lock(key, MANUAL_LOCK_S, self.owner):
+            return None
+        try:
+            return self.sweep()
+        finally:
+            store.release_lock(key, self.owner)
 
     def run(self, stop: threading.Event) -> None:
         """A pass every ``aging.interval_s`` until ``stop`` is set; one process at a time."""

@@ -328,3 +328,71 @@ def test_the_loop_takes_the_store_lock_and_runs_passes(app, store) -> None:
     thread.join(10)
     assert ops.calls  # a pass ran
     assert store.client.get(store.keys.aging_lock) == ager.owner.encode()
+
+
+# --- celery aitp age ---------------------------------------------------------------------
+
+
+def _age_cli(app: Any) -> Any:
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    from celery_aitp.cli.celery_command import aitp
+
+    return CliRunner().invoke(aitp, ["age"], obj=SimpleNamespace(app=app))
+
+
+def _fake_broker(app: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[FakeOps, FakeQueue, int]:
+    """The app on a RabbitMQ driver whose queues are fakes; one old lo message waiting."""
+    from celery_aitp.queues import tier_queue_name
+
+    mw = app.aitp
+    monkeypatch.setattr(mw, "broker_driver", "amqp")
+    monkeypatch.delitem(mw.__dict__, "layout", raising=False)  # rebuilt for RabbitMQ
+    # acme may use every tier, so its lowest tier has somewhere to go
+    tenant, accelerator = "acme", mw.policy.default_accelerator
+    queue = FakeQueue()
+    lowest = tier_queue_name(tenant, accelerator, mw.policy.tier_names[-1])
+    queue.publish("old-lo", mw.layout.priority(lowest), 1.0)
+    ops = FakeOps({mw.layout.physical(lowest): queue})
+    original = aging.Ager
+    monkeypatch.setattr(aging, "Ager", lambda middleware: original(middleware, ops))
+    top = tier_queue_name(tenant, accelerator, mw.policy.allowed_tiers(tenant)[0])
+    return ops, queue, mw.layout.priority(top)
+
+
+def test_age_command_runs_one_pass_now_and_gives_the_lock_back(app, store,
+                                                               monkeypatch) -> None:
+    ops, queue, top = _fake_broker(app, monkeypatch)
+    result = _age_cli(app)
+    assert result.exit_code == 0, result.output
+    assert "promoted 1 message(s)" in result.output, (ops.calls, queue.items)
+    assert queue.ordered()[0][0] == top  # the old lo message now has the top priority
+    assert store.client.get(store.keys.aging_lock) is None  # released for the workers
+    assert app.aitp.counters.totals["aged"] == 1
+
+
+def test_age_command_waits_for_a_pass_that_holds_the_lock(app, store, monkeypatch) -> None:
+    ops, queue, top = _fake_broker(app, monkeypatch)
+    store.try_lock(store.keys.aging_lock, 30, "worker-1:42")
+    result = _age_cli(app)
+    assert result.exit_code != 0
+    assert "holds the lock" in result.output
+    assert ops.calls == []  # no pass ran beside the other one
+    assert store.client.get(store.keys.aging_lock) == b"worker-1:42"  # not taken away
+
+
+def test_age_command_refuses_brokers_without_aging(app) -> None:
+    result = _age_cli(app)  # the unit app's broker is memory://, like Redis
+    assert result.exit_code != 0
+    assert "RabbitMQ" in result.output and "'memory'" in result.output
+
+
+def test_a_lock_is_released_only_by_its_owner(store) -> None:
+    key = store.keys.aging_lock
+    assert store.try_lock(key, 30, "a")
+    assert not store.release_lock(key, "b")
+    assert store.client.get(key) == b"a"
+    assert store.release_lock(key, "a")
+    assert store.client.get(key) is None
