@@ -2,10 +2,13 @@
 
 Times ``Middleware.on_publish`` (tenant, features, prediction, profile, priority, route,
 gate, then the ``aitp`` header, counters and the buffered record) for real Celery task
-messages, one call at a time, on each path: model with a cache hit, model with a cache
-miss, cold start (history, or nothing known), and the fallbacks. The store is only read by
-the background refresher, so no call waits on the network. Also prints what one call of
-LightGBM's own single-row ``predict`` costs, and checks the publish path never calls it.
+messages, one call at a time, on each path: with a model, a decision reused from the
+memo (``publish/memo.py``), a memo miss (the pipeline, the prediction from the model's
+cache), neither cached (every tree walked), and fresh caches over 2,000 distinct
+messages (what a new view meets); cold start (history, or nothing known); and the
+fallbacks. The store is only read by the background refresher, so no call waits on the
+network. Also prints what one call of LightGBM's own single-row ``predict`` costs, and
+checks the publish path never calls it.
 
     python benchmarks/decision_latency.py
 
@@ -117,12 +120,22 @@ def main() -> None:
         batch = messages(app, sample)
         lightgbm.Booster.predict = counting_predict
 
-        rows.append(("model, cache miss", timings(mw.on_publish, batch, model.compiled.cache.clear,
-                                                  repeat=1)))
-        timings(mw.on_publish, batch, repeat=1)  # fill the cache
-        rows.append(("model, cache hit", timings(mw.on_publish, batch)))
-        model.compiled.cache.clear()
-        rows.append(("model, mixed (fresh cache)", timings(mw.on_publish, batch, repeat=1)))
+        memo = mw.memo
+
+        def forget_all() -> None:
+            memo.clear()
+            model.compiled.cache.clear()
+
+        rows.append(("model, no cache (trees)", timings(mw.on_publish, batch, forget_all,
+                                                        repeat=1)))
+        timings(mw.on_publish, batch, repeat=1)  # fill the caches
+        rows.append(("model, memo miss", timings(mw.on_publish, batch, memo.clear)))
+        timings(mw.on_publish, batch, repeat=1)
+        rows.append(("model, memo hit", timings(mw.on_publish, batch)))
+        forget_all()
+        rows.append(("model, fresh caches", timings(mw.on_publish, batch, repeat=1)))
+        hits = len(batch) - len(memo)
+        print(f"fresh caches: {hits} of {len(batch)} decisions reused", file=sys.stderr)
         common.install_model(cold_mw, None, records[:6000])
         rows.append(("cold start: history", timings(cold_mw.on_publish, messages(cold, sample))))
         unknown = [dict(r, task="mail.send", tenant="default") for r in sample]

@@ -23,6 +23,7 @@ from celery_aitp.policy import Policy
 from celery_aitp.policy_history import PolicyRecorder, describe_source
 from celery_aitp.publish.hook import AUTO_ROUTE
 from celery_aitp.publish.live_view import LiveView
+from celery_aitp.publish.memo import DecisionMemo, Reused
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.publish.request import Decision, Request
 from celery_aitp.publish.stages import GATED_REASONS
@@ -120,6 +121,12 @@ class Middleware:
                                        producer_tenant=self.settings.producer_tenant))
 
     @cached_property
+    def memo(self) -> DecisionMemo | None:
+        """Whole decisions kept for reuse (see :mod:`celery_aitp.publish.memo`); None
+        when a stage that is not a default one makes the pipeline impure."""
+        return DecisionMemo.for_pipeline(self.pipeline)
+
+    @cached_property
     def visibility_timeout_s(self) -> float | None:
         """The Redis transport's ``visibility_timeout`` (read once); None on other brokers."""
         if self.broker_driver not in REDIS_DRIVERS:
@@ -171,6 +178,7 @@ class Middleware:
         already; otherwise the view picks them up when it is built.
         """
         self.pipeline = self.pipeline.replace(name, stage)
+        self.__dict__.pop("memo", None)  # rebuilt for the new stages (or none)
         if "live" in self.__dict__:
             for source in getattr(stage, "sources", ()):
                 if not self.live.has_source(source.name):
@@ -238,7 +246,10 @@ class Middleware:
             logger.warning("aitp: decision failed for %s, using Celery's route: %s", name,
                            redact(repr(exc)))
         try:
-            self._apply(decision, options, auto)
+            if isinstance(decision, Reused):
+                self._apply_reused(decision, options)
+            else:
+                self._apply(decision, options, auto)
         except Exception as exc:  # pragma: no cover - defensive: publish must go on
             self.counters.incr("apply_errors")
             logger.error("aitp: could not annotate %s: %s", name, redact(repr(exc)))
@@ -251,8 +262,31 @@ class Middleware:
             logger.error("aitp: misconfigured, every task takes Celery's route: %s", redact(exc))
 
     def _decide(self, name: str, message: Any, options: dict[str, Any], auto: bool,
-                now: float) -> Decision:
+                now: float) -> Decision | Reused:
         layout = self.layout  # resolved once; a failure here is a decision failure
+        request = self._request(name, message, options, auto, now)
+        view = self.live.current()
+        if auto:
+            memo = self.memo
+            if memo is not None:
+                return memo.decide(request, view)
+            return self.pipeline.decide(request, view, now)
+        decision = self.pipeline.decide(request, view, now)
+        gated = decision.reason in GATED_REASONS
+        decision.fall_back("explicit_queue")
+        explicit = request.explicit_queue
+        if explicit and self._is_tier_destination(explicit):
+            # A tier queue named explicitly is almost always a retry staying put.
+            if not self.physical_is_live(layout.physical(explicit), view.live_queues):
+                decision.reason = "explicit_queue_dead"
+            elif gated:  # the stage does not route this task now (rolled back, or
+                decision.reason = "explicit_queue_standard"  # the other arm)
+        return decision
+
+    def _request(self, name: str, message: Any, options: dict[str, Any], auto: bool,
+                 now: float) -> Request:
+        """What the stages read, from Celery's message and the publish options (checked
+        types only: odd headers or bodies read as absent)."""
         headers = options.get("headers")
         if type(headers) is not dict:
             headers = headers if isinstance(headers, Mapping) else {}
@@ -268,27 +302,15 @@ class Middleware:
         kwargsrepr = msg_headers.get("kwargsrepr")
         declared = self._declared.get(name)
         task_id = msg_headers.get("id")
-        explicit = None if auto else _queue_name(options.get("queue"))
-        request = Request(
+        return Request(
             name, task_id if type(task_id) is str else str(task_id or ""), args, kwargs, headers,
-            self.declared(name) if declared is None else declared, explicit, now,
+            self.declared(name) if declared is None else declared,
+            None if auto else _queue_name(options.get("queue")), now,
             msg_headers.get("retries") or 0, _root_id(msg_headers.get("root_id")),
             len(argsrepr) if type(argsrepr) is str else None,
             len(kwargsrepr) if type(kwargsrepr) is str else None,
             current_tenant(), msg_headers.get("eta"),
         )
-        view = self.live.current()
-        decision = self.pipeline.decide(request, view, now)
-        if not auto:
-            gated = decision.reason in GATED_REASONS
-            decision.fall_back("explicit_queue")
-            if explicit and self._is_tier_destination(explicit):
-                # A tier queue named explicitly is almost always a retry staying put.
-                if not self.physical_is_live(layout.physical(explicit), view.live_queues):
-                    decision.reason = "explicit_queue_dead"
-                elif gated:  # the stage does not route this task now (rolled back, or
-                    decision.reason = "explicit_queue_standard"  # the other arm)
-        return decision
 
     def _is_tier_destination(self, name: str) -> bool:
         return parse_tier_queue(name) is not None or self.layout.is_tier_destination(name)
@@ -297,27 +319,41 @@ class Middleware:
     def _decision_records(self) -> RecordBuffer:
         return self.live.buffer(self.store.keys.decisions)
 
-    def _apply(self, decision: Decision, options: dict[str, Any], auto: bool) -> None:
+    def _headers(self, options: dict[str, Any], task: str) -> dict[str, Any]:
+        """A copy of the caller's headers to add ours to (replaced if unusable)."""
         headers = _caller_headers(options.get("headers"))
         if headers is None:  # not a mapping, or one that cannot be read: replaced
             self.counters.incr("rejected:headers")
-            if decision.task not in self._bad_headers_reported and \
+            if task not in self._bad_headers_reported and \
                     len(self._bad_headers_reported) < 1000:  # once per task name
-                self._bad_headers_reported.add(decision.task)
+                self._bad_headers_reported.add(task)
                 logger.warning("aitp: %s: ignoring headers= that is not a readable mapping "
-                               "(counted as rejected:headers)", decision.task)
+                               "(counted as rejected:headers)", task)
             headers = {}
-        headers["aitp"] = decision.header()
         options["headers"] = headers
+        return headers
+
+    def _apply_reused(self, reused: Reused, options: dict[str, Any]) -> None:
+        """``_apply`` for a kept decision: header, record, counters and route as the
+        decision it copies had them (always auto-routed; never a visibility divert)."""
+        template = reused.template
+        self._headers(options, template.task)["aitp"] = reused.header()
+        self._decision_records.add(reused)
+        counters = self.counters
+        counters.incr(template.counter)
+        for note in template.notes:
+            counters.incr(note)
+        if template.routed:
+            self._send_to_tier(options, template.queue)
+
+    def _apply(self, decision: Decision, options: dict[str, Any], auto: bool) -> None:
+        self._headers(options, decision.task)["aitp"] = decision.header()
         # The Decision itself is buffered: the refresher builds its record off this path
         # (not when misconfigured: there is no store to build it for).
         if decision.reason != "config_error":
             self._decision_records.add(decision)
         counters = self.counters
-        # decisions:<stage>:<tenant>:<tier>:<accelerator>:<reason> (bounded by the policy;
-        # the reason goes last because 'error:<Type>' contains the separator)
-        counters.incr(f"decisions:{decision.stage}:{decision.tenant}:{decision.tier}:"
-                      f"{decision.accelerator}:{decision.reason}")
+        counters.incr(decision.counter())
         for note in decision.notes:
             counters.incr(note)
         if decision.routed:

@@ -85,9 +85,10 @@ def _history_binner(parts: list[str], namespace: dict[str, Any]) -> Callable[...
 
 
 def _number(expression: str) -> str:
-    """``value_of(expression)`` with its common case (a plain int or float) inlined."""
+    """``value_of(expression)`` with its common cases (a plain int or float; None, as
+    a keyword argument this task does not take reads) inlined."""
     return (f"(x if (type(x := {expression}) is int or type(x) is float) "
-            f"and -{BIG!r} < x < {BIG!r} else _v(x))")
+            f"and -{BIG!r} < x < {BIG!r} else NAN if x is None else _v(x))")
 
 
 def compile_request_key(spec: FeatureSpec, compiled: CompiledRuntimeModel

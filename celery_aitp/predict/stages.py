@@ -37,8 +37,8 @@ class FeatureStage:
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         sources = view.sources
         model = sources.get(MODEL_SOURCE)
-        if model is None:
-            return  # cold start needs no features
+        if model is None or decision.feature_key is not None:
+            return  # cold start needs no features; or the caller computed the key
         tenant = decision.tenant
         task = request.task
         history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features.get((tenant, task))

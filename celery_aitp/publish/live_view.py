@@ -139,6 +139,7 @@ class LiveView:
         self._writers: dict[str, Writer] = {}
         self._sources: list[Source] = []
         self._view = View(frozenset(), policy.stage, policy.split, fresh=False)
+        self._stale: tuple[View, View] | None = None  # (snapshot, its stale twin)
         self._lock = threading.Lock()
         self._running = False  # reset in a forked child, which has no refresher thread
         self._stop = threading.Event()
@@ -154,7 +155,10 @@ class LiveView:
             self._start()
         view = self._view
         if view.fresh and time.monotonic() - view.fetched_at > self.max_staleness_s:
-            view = view.stale()
+            stale = self._stale
+            if stale is None or stale[0] is not view:  # one stale twin per snapshot, so
+                stale = self._stale = (view, view.stale())  # the decision memo keeps it
+            return stale[1]
         return view
 
     def has_source(self, name: str) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from celery_aitp.policy import Policy
 from celery_aitp.predict.stages import prediction_stages
@@ -78,8 +79,13 @@ class Pipeline:
         current[name] = stage
         return Pipeline(current)
 
-    def decide(self, request: Request, view: View, now: float) -> Decision:
+    def decide(self, request: Request, view: View, now: float,
+               feature_key: tuple[Any, ...] | None = None) -> Decision:
+        """Run every stage; ``feature_key`` is the model's cache key for this request
+        when the caller computed it already (the decision memo), else the features
+        stage computes it."""
         decision = Decision(view.stage_value, now, request.task, request.task_id)
+        decision.feature_key = feature_key
         for stage in self.stages:
             stage(request, decision, view)
         return decision

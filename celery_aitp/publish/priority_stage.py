@@ -213,9 +213,14 @@ class PriorityStage:
         decision.score = score
         decision.factors = {"tenant": static.tenant, "sla": static.sla, "impact": impact,
                             "resources": static.resources, "runtime": runtime, "age": age}
+        self.usage.pending.append(self.charge_of(decision))
+
+    def charge_of(self, decision: Decision) -> tuple[str, str, float]:
+        """What a decision adds to its tenant's fair-share usage: the predicted runtime,
+        or ``fair_share.default_cost_s`` without one."""
         cost = decision.predicted_runtime_s
-        self.usage.pending.append((tenant, decision.tier,
-                                   cost if cost is not None and cost >= 0 else self.default_cost))
+        return (decision.tenant, decision.tier,
+                cost if cost is not None and cost >= 0 else self.default_cost)
 
     def _runtime(self, seconds: float | None) -> float:
         """``scheduling.factors.runtime_factor`` with the policy's constants precomputed."""

@@ -126,6 +126,12 @@ class Decision:
         self.reason = reason
         return self
 
+    def counter(self) -> str:
+        """Its ``decisions:<stage>:<tenant>:<tier>:<accelerator>:<reason>`` counter (bounded
+        by the policy; the reason goes last because ``error:<Type>`` holds the separator)."""
+        return (f"decisions:{self.stage}:{self.tenant}:{self.tier}:{self.accelerator}:"
+                f"{self.reason}")
+
     def header(self) -> dict[str, Any]:
         """The JSON-safe ``aitp`` header carried by the message.
 
@@ -195,6 +201,11 @@ class Decision:
         only the id, the numbers and the factors are encoded per decision. Decodes to
         exactly ``record()``.
         """
+        return record_json_of(self.record_head(), self.task_id, self.record_body(),
+                              self.decided_at, self.origin_at)
+
+    def record_head(self) -> str:
+        """The record's JSON up to the task id's value: ``{"v":1,...,"task_id":``."""
         shared = (self.task, self.tenant, self.tier, self.accelerator,
                   self.prediction_source, self.stage, self.routed, self.queue, self.reason,
                   self.arm)
@@ -203,16 +214,24 @@ class Decision:
             if len(_SHARED_JSON) >= _SHARED_LIMIT:
                 _SHARED_JSON.clear()
             fragment = _SHARED_JSON[shared] = _shared_fragment(shared)
-        at, origin = self.decided_at, self.origin_at
-        at_s = _number(at)
-        origin_s = at_s if origin is at else _number(origin)
-        return (f'{{"v":{HEADER_VERSION},{fragment},"task_id":{_quote(self.task_id)},'
-                f'"predicted_runtime_s":{_number(self.predicted_runtime_s)},'
+        return f'{{"v":{HEADER_VERSION},{fragment},"task_id":'
+
+    def record_body(self) -> str:
+        """The record's JSON from the prediction to the tier steps (``,"predicted_..."``);
+        what follows is ``decided_at`` and ``origin_at``."""
+        return (f',"predicted_runtime_s":{_number(self.predicted_runtime_s)},'
                 f'"predicted_p90_s":{_number(self.predicted_p90_s)},'
                 f'"score":{_number(self.score)},'
                 f'"factors":{_factors(self.factors)},'
-                f'"profile":{_shared(self.profile)},"tier_steps":{_shared(self.tier_steps)},'
-                f'"decided_at":{at_s},"origin_at":{origin_s}}}')
+                f'"profile":{_shared(self.profile)},"tier_steps":{_shared(self.tier_steps)}')
+
+
+def record_json_of(head: str, task_id: str, body: str, decided_at: Any, origin_at: Any) -> str:
+    """A record's JSON from :meth:`Decision.record_head` and :meth:`Decision.record_body`
+    (which do not depend on the task id or the time) and the fields that do."""
+    at_s = _number(decided_at)
+    origin_s = at_s if origin_at is decided_at else _number(origin_at)
+    return f'{head}{_quote(task_id)}{body},"decided_at":{at_s},"origin_at":{origin_s}}}'
 
 
 _SHARED_FIELDS = ("task", "tenant", "tier", "accelerator", "prediction_source", "stage",

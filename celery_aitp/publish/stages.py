@@ -65,25 +65,27 @@ class TenantStage:
         raw: Any = request.headers.get("aitp_tenant")
         if raw is None and self.kwarg and isinstance(request.kwargs, dict):
             raw = request.kwargs.get(self.kwarg)
+        tenant, note = self.resolve(raw, request.parent_tenant)
+        decision.tenant = tenant
+        if note is not None:
+            decision.notes.append(note)
+
+    def resolve(self, raw: Any, parent: str | None) -> tuple[str, str | None]:
+        """The tenant for a claimed name (``raw``: header or keyword argument, None if
+        neither) and the publishing task's tenant, with the note to count, if any."""
         if raw is None:
-            parent = request.parent_tenant  # validated when its own task was decided
-            if parent is None:
-                decision.tenant = self.default
-            elif parent in self.tenants:
-                decision.tenant = parent
-            else:  # the policy changed since: that tenant is gone
-                decision.tenant = self.default
-                decision.notes.append("tenant_unknown")
-        elif isinstance(raw, str) and raw in self.claimable:
-            decision.tenant = raw
-        else:
-            decision.tenant = self.default
-            if not isinstance(raw, str) or len(raw) > MAX_TENANT_LEN:
-                decision.notes.append("tenant_invalid")
-            elif raw in self.tenants:
-                decision.notes.append("tenant_refused")
-            else:
-                decision.notes.append("tenant_unknown")
+            if parent is None:  # validated when its own task was decided
+                return self.default, None
+            if parent in self.tenants:
+                return parent, None
+            return self.default, "tenant_unknown"  # the policy changed since: it is gone
+        if isinstance(raw, str) and raw in self.claimable:
+            return raw, None
+        if not isinstance(raw, str) or len(raw) > MAX_TENANT_LEN:
+            return self.default, "tenant_invalid"
+        if raw in self.tenants:
+            return self.default, "tenant_refused"
+        return self.default, "tenant_unknown"
 
 
 class RouteStage:

@@ -1,7 +1,9 @@
 """Process-local counters, drained into the shared store by the background refresher.
 
-Incrementing is a dict update under a lock (well under a microsecond); nothing here does
-I/O, so counting on the publish path is free of network round trips.
+Incrementing is one dict update under a lock (well under a microsecond); nothing here
+does I/O, so counting on the publish path is free of network round trips. The running
+totals of this process are only summed when someone reads them (status, the demo,
+tests), not on every increment.
 """
 
 from __future__ import annotations
@@ -16,20 +18,29 @@ class Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pending: Counter[str] = Counter()
-        self.totals: Counter[str] = Counter()
+        self._drained: Counter[str] = Counter()  # everything handed out by drain()
 
     def incr(self, name: str, n: int = 1) -> None:
         with self._lock:
             self._pending[name] += n
-            self.totals[name] += n
+
+    @property
+    def totals(self) -> Counter[str]:
+        """Every count of this process so far (a copy), shipped or not."""
+        with self._lock:
+            totals = self._drained.copy()
+            totals.update(self._pending)
+        return totals
 
     def drain(self) -> dict[str, int]:
         """Counts since the last drain (the caller ships them somewhere)."""
         with self._lock:
             pending, self._pending = self._pending, Counter()
+            self._drained.update(pending)
         return dict(pending)
 
     def restore(self, counts: dict[str, int]) -> None:
         """Put back counts that could not be shipped, so none are lost."""
         with self._lock:
             self._pending.update(counts)
+            self._drained.subtract(counts)

@@ -1,0 +1,270 @@
+"""Hand a whole decision out again to the tasks that would get the very same one.
+
+Between two refreshes of the live view (one a second by default) every stage is a pure
+function of the task name, the tenant (and the note its resolution counts), the model's
+cache key and the view, for a task that
+
+* nobody routed (no ``queue=``, no ``task_routes`` match),
+* is published for the first time (a retry's age comes from the running task),
+* has no ETA (the visibility guard compares it with the clock),
+* carries no ``aitp_labels`` header (read per publish by the priority stage),
+* is not in the split stage (its arm hangs on the task id).
+
+So the first such task of a key runs the pipeline, and its decision is kept as a
+:class:`Template`: the ``aitp`` header, the record's JSON without the id and the time,
+the counter, the fair-share charge and the route. The next task with the same key gets
+a :class:`Reused` (the template, its own id and time) instead of the profile, priority,
+route and gate stages, a Decision and its record encoding: the same header, record,
+counters and route at a fraction of the cost.
+
+No decision outlives the state it was made on: the memo belongs to one view, and a new
+view keeps it only if everything the stages read from a view is unchanged
+(:func:`view_fingerprint`: stage, split, freshness, live queues, the model, history and
+profile book, the tenants above their fair share); otherwise it starts empty. A decision
+the visibility guard flagged is never kept (its warning is rate-limited per publish).
+
+Only the default stages are known to be pure: a pipeline holding any other stage
+(``Middleware.use_stage``), or a model whose forests cannot be walked over its cache key,
+does not use the memo.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from celery_aitp.policy import Stage
+from celery_aitp.predict.history import EMPTY_HISTORY, HISTORY_SOURCE
+from celery_aitp.predict.model_source import MODEL_SOURCE
+from celery_aitp.predict.stages import FeatureStage, PredictStage
+from celery_aitp.publish.live_view import View
+from celery_aitp.publish.pipeline import Pipeline
+from celery_aitp.publish.priority_stage import PriorityStage
+from celery_aitp.publish.profile_stage import ProfileStage
+from celery_aitp.publish.request import Decision, Request, record_json_of
+from celery_aitp.publish.stages import GateStage, RouteStage, TenantStage
+from celery_aitp.publish.visibility_stage import VISIBILITY_REASONS, VisibilityStage
+
+#: Stage classes whose output depends only on the memo key and the view.
+PURE_STAGES = (TenantStage, FeatureStage, PredictStage, ProfileStage, PriorityStage,
+               RouteStage, GateStage, VisibilityStage)
+#: Templates kept before the memo starts over (about a kilobyte each).
+MEMO_LIMIT = 10_000
+
+
+def view_fingerprint(view: View) -> tuple[Any, ...]:
+    """Everything the default stages read from a view, comparable with ``==``.
+
+    Sources compare by identity (the model and the history are the same objects until
+    they change), except the two rebuilt on every fetch: the profile book by its
+    profiles (frozen, compared by value) and fair-share usage by who is demoted. With a
+    model the history is left out: it enters a decision only through the history bins
+    of the model's cache key, which is part of the memo key (workers change the history
+    every few seconds; the memo would otherwise start over as often).
+    """
+    sources = []
+    with_model = view.sources.get(MODEL_SOURCE) is not None
+    for name, value in view.sources.items():
+        if name == HISTORY_SOURCE and with_model:
+            continue
+        if name == "usage":
+            value = getattr(value, "demoted", value)
+        elif name == "profiles":
+            value = getattr(value, "profiles", value)
+        else:
+            value = _Same(value)
+        sources.append((name, value))
+    return (view.stage, view.split, view.fresh, view.live_queues, tuple(sources))
+
+
+class _Same:
+    """Compares equal only to a wrapper of the very same object."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+
+class Template:
+    """One decision, kept to be handed out again with another id and time."""
+
+    __slots__ = ("task", "header", "counter", "notes", "routed", "queue", "charge",
+                 "_decision", "_json")
+
+    def __init__(self, decision: Decision, charge: tuple[str, str, float]) -> None:
+        self.task = decision.task
+        self.header = decision.header()  # decided_at is replaced per task
+        self.counter = decision.counter()
+        self.notes = tuple(decision.notes)
+        self.routed = decision.routed
+        self.queue = decision.queue or ""
+        self.charge = charge
+        self._decision: Decision | None = decision
+        self._json: tuple[str, str] | None = None
+
+    def record_parts(self) -> tuple[str, str]:
+        """The record's JSON around the task id (encoded once, by the refresher thread
+        that ships the first record, not on the publish path)."""
+        found = self._json
+        if found is None:
+            decision = self._decision
+            assert decision is not None  # set until the JSON is made
+            found = self._json = (decision.record_head(), decision.record_body())
+            self._decision = None  # only its JSON is needed from now on
+        return found
+
+
+class Reused:
+    """A task's decision copied from a template: what the header, the decision log and
+    the counters need, and nothing else (it is built for every such task)."""
+
+    __slots__ = ("template", "task_id", "decided_at")
+
+    def __init__(self, template: Template, task_id: str, decided_at: float) -> None:
+        self.template = template
+        self.task_id = task_id
+        self.decided_at = decided_at
+
+    @property
+    def task(self) -> str:
+        return self.template.task
+
+    def header(self) -> dict[str, Any]:
+        header = self.template.header.copy()
+        header["decided_at"] = self.decided_at
+        return header
+
+    def record_json(self) -> str:
+        """Exactly what ``Decision.record_json`` gives for the decision it copies (a first
+        publish: ``origin_at`` is the decision time)."""
+        head, body = self.template.record_parts()
+        return record_json_of(head, self.task_id, body, self.decided_at, self.decided_at)
+
+    def record(self) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(self.record_json())
+        return found
+
+
+class DecisionMemo:
+    """Templates by (task, tenant, tenant note, model cache key), for one view at a time."""
+
+    def __init__(self, pipeline: Pipeline, limit: int = MEMO_LIMIT) -> None:
+        self.pipeline = pipeline
+        stages = {stage.name: stage for stage in pipeline.stages}
+        tenants, priority = stages["tenant"], stages["priority"]
+        assert isinstance(tenants, TenantStage) and isinstance(priority, PriorityStage)
+        self.tenants = tenants
+        self.kwarg = tenants.kwarg
+        self.priority = priority
+        self.limit = limit
+        #: (view, its fingerprint, templates), swapped as one object so threads never
+        #: mix two views.
+        self._state: tuple[View | None, Any, dict[tuple[Any, ...], Template]] = \
+            (None, None, {})
+
+    def __len__(self) -> int:
+        return len(self._state[2])
+
+    def clear(self) -> None:
+        """Forget every kept decision."""
+        self._state = (None, None, {})
+
+    @classmethod
+    def for_pipeline(cls, pipeline: Pipeline) -> DecisionMemo | None:
+        """A memo, if every stage of ``pipeline`` is a default (pure) one."""
+        names = {stage.name for stage in pipeline.stages}
+        if not {"tenant", "priority"} <= names:
+            return None
+        if not all(type(stage) in PURE_STAGES for stage in pipeline.stages):
+            return None
+        return cls(pipeline)
+
+    def decide(self, request: Request, view: View) -> Decision | Reused:
+        """The decision for a task nobody routed: reused if an equal one is kept, else
+        made by the pipeline (and kept, if the task is eligible)."""
+        key = self.key(request, view)
+        if key is None:
+            return self.pipeline.decide(request, view, request.published_at)
+        now = request.published_at
+        found = self.reuse(view, key, request.task_id, now)
+        if found is not None:
+            return found
+        decision = self.pipeline.decide(request, view, now, self.feature_key(key))
+        kept = self.keep(view, key, decision)
+        return decision if kept is None else kept
+
+    def key(self, request: Request, view: View) -> tuple[Any, ...] | None:
+        """The memo key of a task nobody routed, computed as the tenant and features
+        stages would; None if the task or the view rules the memo out."""
+        if request.retries or request.eta is not None or view.stage is Stage.SPLIT:
+            return None
+        headers = request.headers
+        if "aitp_labels" in headers:
+            return None
+        raw = headers.get("aitp_tenant")
+        kwargs = request.kwargs
+        if raw is None and self.kwarg and type(kwargs) is dict:
+            raw = kwargs.get(self.kwarg)
+        task = request.task
+        tenant, note = self.tenants.resolve(raw, request.parent_tenant)
+        sources = view.sources
+        model = sources.get(MODEL_SOURCE)
+        if model is None:  # cold start: the estimate depends on (tenant, task) only
+            return (task, tenant, note)
+        request_key = model.request_key
+        if request_key is None:
+            return None
+        history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features.get((tenant, task))
+        return (task, tenant, note, request_key(
+            task, tenant, request.args, kwargs, request.args_bytes, request.kwargs_bytes,
+            request.declared.get("runtime_hint_s"), 0, request.published_at, history))
+
+    @staticmethod
+    def feature_key(key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """The model's cache key inside a memo key (None at cold start), so the features
+        stage need not compute it again on a miss."""
+        return key[3] if len(key) > 3 else None
+
+    def reuse(self, view: View, key: tuple[Any, ...], task_id: str, now: float
+              ) -> Reused | None:
+        """The kept decision for ``key`` under ``view`` (its fair-share charge made), or
+        None."""
+        state = self._state
+        if state[0] is not view:
+            state = self._adopt(view)
+        template = state[2].get(key)
+        if template is None:
+            return None
+        self.priority.usage.pending.append(template.charge)
+        return Reused(template, task_id, now)
+
+    def _adopt(self, view: View) -> tuple[View, Any, dict[tuple[Any, ...], Template]]:
+        """Move the memo to a new view: its templates stay if the view's fingerprint is
+        the same as the last one's (once per view, not per publish)."""
+        _, fingerprint, templates = self._state
+        found = view_fingerprint(view)
+        state = (view, found, templates if found == fingerprint else {})
+        self._state = state
+        return state
+
+    def keep(self, view: View, key: tuple[Any, ...], decision: Decision) -> Reused | None:
+        """Keep a decision the pipeline just made for an eligible task under ``view``;
+        the decision itself as a Reused (its header built once), or None if not kept."""
+        if decision.reason in VISIBILITY_REASONS or \
+                any(note in VISIBILITY_REASONS for note in decision.notes):
+            return None  # the guard's warning is rate-limited per publish: decide each time
+        state = self._state
+        if state[0] is not view:
+            return None  # the view changed meanwhile
+        templates = state[2]
+        if len(templates) >= self.limit:
+            templates.clear()
+        template = templates[key] = Template(decision, self.priority.charge_of(decision))
+        return Reused(template, decision.task_id, decision.decided_at)

@@ -1,0 +1,275 @@
+"""The decision memo (publish/memo.py): a reused decision is the one the pipeline makes.
+
+Two apps share one store and one view state; one keeps decisions, the other decides
+every task through the pipeline. Both publish the same messages; headers (but the
+time), records (but the time), counters, fair-share charges and routes must be equal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import celery_aitp
+from celery_aitp.learn import synthetic
+from celery_aitp.predict.history import HistoryStore
+from celery_aitp.predict.model_source import MODEL_SOURCE
+from celery_aitp.predict.model_store import ModelStore
+from celery_aitp.publish.hook import AUTO_ROUTE
+from celery_aitp.publish.memo import DecisionMemo, Reused
+from celery_aitp.publish.pipeline import Pipeline
+from celery_aitp.publish.request import Decision
+from celery_aitp.queues import all_tier_queues
+from tests.unit.conftest import make_live
+
+TASKS = ("media.resize", "reports.build", "ml.fit", "etl.batch", "mail.send", "geo.route")
+TENANTS = ("acme", "globex", "initech")
+POLICY = {
+    "tenants": {"acme": {"weight": 3}, "globex": {"max_tier": "mid"},
+                "initech": {"trusted_header": False}, "default": {}},
+    "stage": "takeover",
+    "labels": {"vip": 1.0},
+}
+#: Queues served: every tier queue but globex's, so some tasks fall back.
+LIVE = [q for q in all_tier_queues(TENANTS, ("cpu", "gpu"), ("hi", "mid", "lo"))
+        if ".globex." not in q]
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def make_app(store: Any, name: str, memo: bool) -> Any:
+    app = Celery(name, broker="memory://")
+    app.conf.task_default_queue = "default-q"
+    mw = celery_aitp.install(app, policy=POLICY, refresh_interval_s=60)
+    mw.store = store
+    for task in TASKS:
+        app.task(name=task, shared=False)(_noop)
+    app.task(name="hinted", shared=False, aitp={"runtime_hint_s": 4.0, "labels": ["vip"]})(
+        _noop)
+    if not memo:
+        mw.__dict__["memo"] = None
+    for source in mw.pipeline.sources():
+        if hasattr(source, "interval_s"):
+            source.interval_s = 0.0
+    return app
+
+
+@pytest.fixture
+def pair(store: Any) -> Iterator[tuple[Any, Any]]:
+    """(keeps decisions, decides every time), on the same store."""
+    apps = make_app(store, "memo-on", True), make_app(store, "memo-off", False)
+    yield apps
+    for app in apps:
+        app.aitp.close()
+
+
+def refresh(*apps: Any) -> None:
+    for app in apps:
+        app.aitp.live.current()
+        app.aitp.live.refresh()
+
+
+def workload(n: int, seed: int = 7) -> list[tuple[str, tuple[Any, ...], dict[str, Any],
+                                                  dict[str, Any]]]:
+    """Messages of the synthetic workload, with good, refused, unknown and bad tenants."""
+    claims: list[Any] = [*TENANTS, "initech", "nobody", 42, None]
+    out = []
+    for i, record in enumerate(synthetic.records(n, seed=seed, compact_lists=False)):
+        claim = claims[i % len(claims)]
+        headers = {} if claim is None else {"aitp_tenant": claim}
+        task = record["task"] if i % 11 else "hinted"
+        out.append((task, tuple(record["args"]), dict(record["kwargs"]), headers))
+    return out
+
+
+def publish(app: Any, i: int, task: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+            headers: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    message = app.amqp.as_task_v2(f"id-{i}", task, args=args, kwargs=kwargs, **extra)
+    options = {"headers": dict(headers), AUTO_ROUTE: True}
+    return app.aitp.on_publish(task, message, options)
+
+
+def without_time(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k not in ("decided_at", "origin_at")}
+
+
+def records(app: Any) -> list[dict[str, Any]]:
+    buffer = app.aitp._decision_records
+    return [without_time(item.record()) for item in buffer.take()]
+
+
+def charges(app: Any) -> list[Any]:
+    usage = app.aitp.pipeline.stages[4].usage
+    found = list(usage.pending)
+    usage.pending.clear()
+    return found
+
+
+def assert_same(on: Any, off: Any, messages: list[Any]) -> int:
+    """Publish ``messages`` through both apps; everything equal but the time. Returns how
+    many decisions the memo app reused."""
+    reused = 0
+    original = on.aitp.memo.reuse
+
+    def counting(*args: Any) -> Any:
+        nonlocal reused
+        found = original(*args)
+        reused += found is not None
+        return found
+
+    on.aitp.memo.reuse = counting
+    for i, message in enumerate(messages):
+        a, b = publish(on, i, *message), publish(off, i, *message)
+        assert without_time(a["headers"]["aitp"]) == without_time(b["headers"]["aitp"]), \
+            message
+        assert a["headers"]["aitp"]["decided_at"] > 0
+        assert (a.get("queue"), a.get("priority")) == (b.get("queue"), b.get("priority"))
+    assert records(on) == records(off)
+    assert on.aitp.counters.totals == off.aitp.counters.totals
+    assert charges(on) == charges(off)
+    return reused
+
+
+def test_reused_decisions_equal_the_pipelines_with_a_model(pair, store, trained) -> None:
+    on, off = pair
+    make_live(store, *LIVE)
+    ModelStore(store).promote(trained.bundle)
+    HistoryStore(store).add_runs([("acme", "media.resize", 0.5), ("globex", "ml.fit", 30.0)])
+    refresh(on, off)
+    assert on.aitp.live.current().sources[MODEL_SOURCE] is not None
+    messages = workload(300)
+    reused = assert_same(on, off, messages + messages[:100])
+    assert reused >= 100  # every repeated message, and more from shared keys
+
+
+def test_reused_decisions_equal_the_pipelines_at_cold_start(pair, store) -> None:
+    on, off = pair
+    make_live(store, *LIVE)
+    HistoryStore(store).add_runs([("acme", "media.resize", 0.5), ("globex", "ml.fit", 30.0),
+                                  ("initech", "mail.send", 2.0)])
+    refresh(on, off)
+    reused = assert_same(on, off, workload(200))
+    assert reused >= 150  # at most one pipeline run per (task, tenant, note)
+
+
+def test_in_coexistence_and_with_no_live_worker_too(pair, store) -> None:
+    on, off = pair
+    make_live(store, stage="coexistence")  # no worker at all
+    refresh(on, off)
+    assert assert_same(on, off, workload(100)) > 0
+    make_live(store, *LIVE, stage="coexistence")
+    refresh(on, off)
+    assert assert_same(on, off, workload(100)) > 0
+
+
+@pytest.mark.parametrize("case", ["retry", "eta", "labels", "split", "explicit queue"])
+def test_tasks_the_memo_cannot_vouch_for_run_the_pipeline(pair, store, case,
+                                                          monkeypatch) -> None:
+    on, off = pair
+    make_live(store, *LIVE, stage="split" if case == "split" else "takeover")
+    refresh(on, off)
+    runs = []
+    original = Pipeline.decide
+
+    def counting(self: Pipeline, *args: Any, **kwargs: Any) -> Decision:
+        runs.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "decide", counting)
+    task, args, kwargs = "media.resize", (640, 480), {"quality": 80}
+    headers = {"aitp_tenant": "acme"}
+    extra: dict[str, Any] = {}
+    if case == "retry":
+        extra["retries"] = 1
+    elif case == "eta":
+        extra["eta"] = "2030-01-01T00:00:00"
+    elif case == "labels":
+        headers["aitp_labels"] = "vip"
+    for i in range(3):
+        if case == "explicit queue":
+            message = on.amqp.as_task_v2(f"id-{i}", task, args=args, kwargs=kwargs)
+            options = on.aitp.on_publish(task, message, {"queue": "mine", "headers": headers})
+            assert options["queue"] == "mine"
+        else:
+            publish(on, i, task, args, kwargs, headers, **extra)
+    assert len(runs) == 3 and len(on.aitp.memo) == 0
+    assert not any(isinstance(item, Reused) for item in on.aitp._decision_records.take())
+
+
+def test_the_memo_outlives_a_refresh_only_while_the_state_is_the_same(pair, store) -> None:
+    on, _ = pair
+    make_live(store, *LIVE)
+    refresh(on)
+    memo = on.aitp.memo
+    publish(on, 0, "media.resize", (640, 480), {}, {"aitp_tenant": "acme"})
+    assert len(memo) == 1
+    refresh(on)  # a new view, nothing changed: the kept decision stays
+    options = publish(on, 1, "media.resize", (640, 480), {}, {"aitp_tenant": "acme"})
+    assert len(memo) == 1 and options["queue"].name == "aitp.acme.cpu.lo"
+    store.withdraw("w1@test")  # the worker left: decisions made on it must go
+    refresh(on)
+    options = publish(on, 2, "media.resize", (640, 480), {}, {"aitp_tenant": "acme"})
+    assert "queue" not in options or options["queue"] != "aitp.acme.cpu.lo"
+    assert options["headers"]["aitp"]["reason"] == "no_live_worker"
+
+
+def test_a_stage_that_is_not_a_default_one_turns_the_memo_off(app) -> None:
+    class Everything:
+        name = "gate"
+
+        def __call__(self, request: Any, decision: Any, view: Any) -> None:
+            decision.routed = True
+
+    assert app.aitp.memo is not None
+    app.aitp.use_stage("gate", Everything())
+    assert app.aitp.memo is None
+
+
+def test_a_decision_the_visibility_guard_flagged_is_not_kept(app) -> None:
+    memo = DecisionMemo.for_pipeline(app.aitp.pipeline)
+    assert memo is not None
+    view = app.aitp.live.current()
+    memo.reuse(view, ("k",), "id", 1.0)  # adopt the view
+    flagged = Decision("takeover", 1.0, "t", "id")
+    flagged.notes.append("visibility_runtime")
+    assert memo.keep(view, ("k",), flagged) is None and len(memo) == 0
+    plain = Decision("takeover", 1.0, "t", "id")
+    kept = memo.keep(view, ("k",), plain)
+    assert isinstance(kept, Reused) and len(memo) == 1
+
+
+def test_a_reused_record_is_the_decisions_own(app) -> None:
+    decision = Decision("takeover", 1700000000.25, "t", "first")
+    decision.tenant, decision.tier, decision.score = "acme", "hi", 0.5
+    decision.origin_at = decision.decided_at
+    memo = DecisionMemo.for_pipeline(app.aitp.pipeline)
+    assert memo is not None
+    view = app.aitp.live.current()
+    memo.reuse(view, ("k",), "x", 0.0)
+    first = memo.keep(view, ("k",), decision)
+    assert first is not None and json.loads(first.record_json()) == decision.record()
+    again = memo.reuse(view, ("k",), "second", 1700000001.5)
+    assert again is not None
+    expected = dict(decision.record(), task_id="second", decided_at=1700000001.5,
+                    origin_at=1700000001.5)
+    assert json.loads(again.record_json()) == expected == again.record()
+    assert again.header() == dict(decision.header(), decided_at=1700000001.5)
+
+
+def test_at_cold_start_new_history_is_used_at_once(pair, store) -> None:
+    on, _ = pair
+    make_live(store, *LIVE)
+    history = HistoryStore(store)
+    history.add_runs([("acme", "media.resize", 1.0)])
+    refresh(on)
+    args = ("media.resize", (640, 480), {}, {"aitp_tenant": "acme"})
+    assert publish(on, 0, *args)["headers"]["aitp"]["predicted_runtime_s"] == 1.0
+    history.add_runs([("acme", "media.resize", 3.0)])
+    refresh(on)
+    assert publish(on, 1, *args)["headers"]["aitp"]["predicted_runtime_s"] == 2.0
