@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
+
+_ENCODE = json.JSONEncoder(default=str, separators=(",", ":")).encode
 
 
 def finite_number(value: Any) -> float | None:
@@ -18,3 +21,12 @@ def finite_number(value: Any) -> float | None:
     except OverflowError:  # an int beyond any float
         return None
     return number if math.isfinite(number) else None
+
+
+def json_number(value: Any) -> str:
+    """A number as record JSON, without the general encoder for the common cases: a
+    finite float's repr, ``null`` for None, NaN and infinities; anything else as
+    ``json`` encodes it."""
+    if type(value) is float:
+        return repr(value) if value - value == 0.0 else "null"  # 0.0 only when finite
+    return "null" if value is None else _ENCODE(value)

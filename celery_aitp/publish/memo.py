@@ -136,6 +136,13 @@ class Reused:
     def task(self) -> str:
         return self.template.task
 
+    @property
+    def origin_at(self) -> float:
+        return self.decided_at  # a first publish
+
+    def record_parts(self) -> tuple[str, str]:
+        return self.template.record_parts()
+
     def header(self) -> dict[str, Any]:
         header = self.template.header.copy()
         header["decided_at"] = self.decided_at

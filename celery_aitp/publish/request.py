@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
-from celery_aitp.numbers import finite_number
+from celery_aitp.numbers import finite_number, json_number
 
 #: Bump when the ``aitp`` header changes shape; readers accept older versions.
 HEADER_VERSION = 1
@@ -204,8 +204,13 @@ class Decision:
         return record_json_of(self.record_head(), self.task_id, self.record_body(),
                               self.decided_at, self.origin_at)
 
+    def record_parts(self) -> tuple[str, str]:
+        """(``record_head()``, ``record_body()``): the record without id and times."""
+        return self.record_head(), self.record_body()
+
     def record_head(self) -> str:
-        """The record's JSON up to the task id's value: ``{"v":1,...,"task_id":``."""
+        """The start of the record's JSON: ``{"v":1`` and the fields many decisions share
+        (:func:`record_json_of` puts it together)."""
         shared = (self.task, self.tenant, self.tier, self.accelerator,
                   self.prediction_source, self.stage, self.routed, self.queue, self.reason,
                   self.arm)
@@ -214,14 +219,14 @@ class Decision:
             if len(_SHARED_JSON) >= _SHARED_LIMIT:
                 _SHARED_JSON.clear()
             fragment = _SHARED_JSON[shared] = _shared_fragment(shared)
-        return f'{{"v":{HEADER_VERSION},{fragment},"task_id":'
+        return f'{{"v":{HEADER_VERSION},{fragment}'
 
     def record_body(self) -> str:
         """The record's JSON from the prediction to the tier steps (``,"predicted_..."``);
         what follows is ``decided_at`` and ``origin_at``."""
-        return (f',"predicted_runtime_s":{_number(self.predicted_runtime_s)},'
-                f'"predicted_p90_s":{_number(self.predicted_p90_s)},'
-                f'"score":{_number(self.score)},'
+        return (f',"predicted_runtime_s":{json_number(self.predicted_runtime_s)},'
+                f'"predicted_p90_s":{json_number(self.predicted_p90_s)},'
+                f'"score":{json_number(self.score)},'
                 f'"factors":{_factors(self.factors)},'
                 f'"profile":{_shared(self.profile)},"tier_steps":{_shared(self.tier_steps)}')
 
@@ -229,9 +234,10 @@ class Decision:
 def record_json_of(head: str, task_id: str, body: str, decided_at: Any, origin_at: Any) -> str:
     """A record's JSON from :meth:`Decision.record_head` and :meth:`Decision.record_body`
     (which do not depend on the task id or the time) and the fields that do."""
-    at_s = _number(decided_at)
-    origin_s = at_s if origin_at is decided_at else _number(origin_at)
-    return f'{head}{_quote(task_id)}{body},"decided_at":{at_s},"origin_at":{origin_s}}}'
+    at_s = json_number(decided_at)
+    origin_s = at_s if origin_at is decided_at else json_number(origin_at)
+    return (f'{head},"task_id":{_quote(task_id)}{body},"decided_at":{at_s},'
+            f'"origin_at":{origin_s}}}')
 
 
 _SHARED_FIELDS = ("task", "tenant", "tier", "accelerator", "prediction_source", "stage",
@@ -240,12 +246,6 @@ _SHARED_FIELDS = ("task", "tenant", "tier", "accelerator", "prediction_source", 
 
 def _shared_fragment(values: tuple[Any, ...]) -> str:
     return _ENCODE(dict(zip(_SHARED_FIELDS, values, strict=True)))[1:-1]
-
-
-def _number(value: Any) -> str:
-    if type(value) is float:
-        return repr(value) if value - value == 0.0 else "null"  # 0.0 only when finite
-    return "null" if value is None else _ENCODE(value)
 
 
 def _detail(value: Any) -> str:

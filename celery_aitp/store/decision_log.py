@@ -1,10 +1,13 @@
 """The decisions stream with a lookup by task id, for ``celery aitp explain``.
 
 Records are written packed: one entry of the capped ``decisions`` stream per flush (up
-to 1000 records: field ``b`` a JSON array, ``n`` its length; readers use
-:func:`celery_aitp.store.packed.entry_records`). An entry per task cost the store
-about as much as publishing the task itself. In the same atomic script an index learns
-where each task's latest decision is:
+to 1000 records; field ``n`` their count, field ``p`` the batch, see
+:mod:`celery_aitp.store.packed`). A batch holds each distinct decision once (the
+``shared`` parts: everything but the task id and the times) and one short row per task
+pointing at its part, so tasks that got the same decision (the decision memo's) cost a
+few dozen bytes each instead of a whole record. An entry per task cost the store about as
+much as publishing the task itself. In the same atomic script an index learns where each
+task's latest decision is:
 
 * ``decisions:index``: HASH task id -> id of the stream entry holding its latest decision
   (one HSET per entry, all its tasks at once);
@@ -26,7 +29,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from celery_aitp.store.packed import entry_records
+from celery_aitp.store.packed import entry_records, row_json
 from celery_aitp.store.redis_store import RedisStore, _text, translated_errors
 
 _APPEND = """
@@ -35,7 +38,7 @@ if redis.call('EXISTS', KEYS[4]) == 0 then
   redis.call('SET', KEYS[4], redis.call('LLEN', KEYS[3]))
 end
 for i = 2, #ARGV, 3 do
-  local id = redis.call('XADD', KEYS[1], '*', 'n', ARGV[i], 'b', ARGV[i + 1])
+  local id = redis.call('XADD', KEYS[1], '*', 'n', ARGV[i], 'p', ARGV[i + 1])
   local args = {}
   for _, task in ipairs(cjson.decode(ARGV[i + 2])) do
     args[#args + 1] = task
@@ -103,35 +106,31 @@ class DecisionLog:
         self._script = store.client.register_script(_APPEND)
 
     def append(self, records: Iterable[Any]) -> int:
-        """Write records (dicts, or decisions with ``record()``), up to ``chunk`` per
+        """Write records (dicts, or decisions with ``record_parts()``), up to ``chunk`` per
         stream entry and five entries per script call; raises StoreError."""
         stamp = (f',"policy":{json.dumps(self.policy_digest)}}}'
                  if self.policy_digest is not None else "}")
-        texts: list[str] = []
-        ids: list[str] = []
+        batch = _Batch(stamp)
         args: list[Any] = []
         n = 0
         with translated_errors():
             for item in records:
-                if hasattr(item, "record_json"):  # a Decision: the fast encoder, stamped
-                    task_id, text = item.task_id, item.record_json()[:-1] + stamp
+                if hasattr(item, "record_parts"):  # a decision: its shared part once
+                    batch.add_decision(item)
                 else:
                     record = _as_record(item)
                     if self.policy_digest is not None:
                         record.setdefault("policy", self.policy_digest)
-                    task_id, text = record.get("task_id"), json.dumps(record, default=str)
-                texts.append(text)
-                if task_id:
-                    ids.append(str(task_id))
+                    batch.add_record(record)
                 n += 1
-                if len(texts) >= self.chunk:
-                    args += _entry(texts, ids)
-                    texts, ids = [], []
+                if len(batch.rows) >= self.chunk:
+                    args += batch.entry()
+                    batch = _Batch(stamp)
                     if len(args) >= 3 * _ENTRIES_PER_CALL:
                         self._call(args)
                         args = []
-            if texts:
-                args += _entry(texts, ids)
+            if batch.rows:
+                args += batch.entry()
             if args:
                 self._call(args)
         return n
@@ -159,9 +158,39 @@ class DecisionLog:
             return int(self.store.client.hlen(self.index))
 
 
-def _entry(texts: list[str], ids: list[str]) -> list[Any]:
-    """Script arguments of one stream entry: its record count, records, task ids."""
-    return [len(texts), "[" + ",".join(texts) + "]", json.dumps(ids, ensure_ascii=False)]
+class _Batch:
+    """One stream entry being built: shared parts (JSON objects), rows, task ids."""
+
+    def __init__(self, stamp: str) -> None:
+        self.stamp = stamp  # closes each shared part (with the policy digest, if any)
+        self.shared: list[str] = []
+        self.index: dict[Any, int] = {}
+        self.rows: list[str] = []
+        self.ids: list[str] = []
+
+    def add_decision(self, item: Any) -> None:
+        parts = item.record_parts()
+        i = self.index.get(parts)
+        if i is None:
+            i = self.index[parts] = len(self.shared)
+            self.shared.append(parts[0] + parts[1] + self.stamp)
+        task_id = item.task_id
+        self.rows.append(row_json(i, task_id, item.decided_at, item.origin_at))
+        if task_id:
+            self.ids.append(task_id)
+
+    def add_record(self, record: dict[str, Any]) -> None:
+        """A record that is not a decision: whole, as its own shared part."""
+        self.rows.append(f"[{len(self.shared)}]")
+        self.shared.append(json.dumps(record, default=str))
+        task_id = record.get("task_id")
+        if task_id:
+            self.ids.append(str(task_id))
+
+    def entry(self) -> list[Any]:
+        """Script arguments of the entry: its record count, batch, task ids."""
+        payload = f'{{"s":[{",".join(self.shared)}],"r":[{",".join(self.rows)}]}}'
+        return [len(self.rows), payload, json.dumps(self.ids, ensure_ascii=False)]
 
 
 def _as_record(item: Any) -> dict[str, Any]:

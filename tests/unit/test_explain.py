@@ -94,6 +94,32 @@ def test_entries_written_before_packing_are_found_and_trimmed(store):
     assert log.size() == 100
 
 
+def test_decisions_reused_or_not_read_back_as_their_own_records(app, store):
+    from celery_aitp.publish.memo import DecisionMemo
+    from celery_aitp.publish.request import Decision
+
+    log = DecisionLog(store, maxlen=10_000, policy_digest="d1")
+    memo = DecisionMemo.for_pipeline(app.aitp.pipeline)
+    view = app.aitp.live.current()
+    memo.reuse(view, ("k",), "", 0.0)
+    first = Decision("takeover", 100.5, "t.a", "a0")
+    first.tenant, first.tier, first.score, first.origin_at = "acme", "hi", 0.25, 100.5
+    retry = Decision("takeover", 300.0, "t.b", "b0")
+    retry.tenant, retry.reason, retry.origin_at = "globex", "no_live_worker", 250.0
+    kept = memo.keep(view, ("k",), first)
+    again = [memo.reuse(view, ("k",), f"a{i}", 100.5 + i) for i in range(1, 4)]
+    items = [kept, retry, *again, {"task_id": "c0", "note": "a plain record"}]
+    log.append(items)
+    expected = [dict(item.record() if hasattr(item, "record") else item, policy="d1")
+                for item in items]
+    assert store.read_records(log.stream) == expected
+    assert log.find("a2") == expected[3] and log.find("b0")["origin_at"] == 250.0
+    fields = store.client.xrange(log.stream)[-1][1]
+    assert set(fields) == {b"n", b"p"} and fields[b"n"] == b"6"
+    assert json.loads(fields[b"p"])["s"].count(json.loads(fields[b"p"])["s"][0]) == 1
+    assert len(json.loads(fields[b"p"])["s"]) == 3  # the four copies of one decision share one
+
+
 def test_the_dashboard_tail_reads_packed_entries(store):
     import time
 

@@ -83,7 +83,10 @@ def _write(store: RedisStore, contents: list[tuple[str, Any, Any]]) -> None:
             client.zadd(key, {value: 1e12})  # a member that is not "<queue>|<worker>"
         elif name in ("stage_history", "model_history"):
             client.lpush(key, value)
-        elif name in ("decisions", "observations"):
+        elif name == "decisions":  # every layout: one record, a packed batch, an old one
+            for layout in ("r", "p", "b"):
+                client.xadd(key, {layout: value, "n": value})
+        elif name == "observations":
             client.xadd(key, {"r": value})
         elif name == "history_version":
             client.set(key, value)
@@ -211,3 +214,18 @@ def test_the_dashboard_serves_whatever_the_store_holds(dashboard, contents):
         if path.startswith("/api/") and response.status_code == 200:
             json.loads(response.text, parse_constant=_no_constants)  # no NaN/Infinity
     assert client.get("/metrics").status_code == 200
+
+
+@HOSTILE
+@given(shared=json_values, rows=json_values,
+       row_list=st.lists(st.lists(json_values, max_size=5), max_size=5))
+def test_a_packed_batch_of_any_shape_reads_as_the_records_it_can_make(shared, rows,
+                                                                      row_list) -> None:
+    from celery_aitp.store.packed import entry_records
+
+    for batch in ({"s": shared, "r": rows}, {"s": [shared, {"a": 1}], "r": row_list},
+                  [shared, rows], shared):
+        found = entry_records({b"p": json.dumps(batch)})
+        assert isinstance(found, list) and all(isinstance(r, dict) for r in found)
+    found = entry_records({b"p": json.dumps({"s": [{"a": 1}], "r": [[0, "t", 5.0], [1]]})})
+    assert found == [{"a": 1, "task_id": "t", "decided_at": 5.0, "origin_at": 5.0}]
