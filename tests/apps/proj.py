@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -38,14 +39,17 @@ celery_aitp.install(
     refresh_interval_s=float(os.environ.get("AITP_TEST_REFRESH_INTERVAL", "0.5")),
 )
 PREFIX = os.environ.get("AITP_TEST_PREFIX", "aitptest")
-_clients: dict[int, Any] = {}
+_clients: dict[tuple[int, int], Any] = {}
 
 
 def tally_client() -> Any:
-    """A Redis client of this process (after fork, a new one) for the tally keys."""
-    client = _clients.get(os.getpid())
+    """A Redis client of this process and thread (after fork, a new one) for the tally
+    keys: a threads pool shared one once, and a connection closed under one thread's
+    read failed its tally with "I/O operation on closed file" (the task itself ran)."""
+    key = (os.getpid(), threading.get_ident())
+    client = _clients.get(key)
     if client is None:
-        client = _clients[os.getpid()] = redis.Redis.from_url(app.conf.broker_url)
+        client = _clients[key] = redis.Redis.from_url(app.conf.broker_url)
     return client
 
 
