@@ -44,6 +44,7 @@ from celery_aitp.publish.profile_stage import ProfileStage
 from celery_aitp.publish.request import Decision, Request, record_json_of
 from celery_aitp.publish.stages import GateStage, RouteStage, TenantStage
 from celery_aitp.publish.visibility_stage import VISIBILITY_REASONS, VisibilityStage
+from celery_aitp.scheduling.usage import USAGE_SOURCE
 
 #: Stage classes whose output depends only on the memo key and the view.
 PURE_STAGES = (TenantStage, FeatureStage, PredictStage, ProfileStage, PriorityStage,
@@ -56,24 +57,20 @@ def view_fingerprint(view: View) -> tuple[Any, ...]:
     """Everything the default stages read from a view, comparable with ``==``.
 
     Sources compare by identity (the model and the history are the same objects until
-    they change), except the two rebuilt on every fetch: the profile book by its
-    profiles (frozen, compared by value) and fair-share usage by who is demoted. With a
-    model the history is left out: it enters a decision only through the history bins
-    of the model's cache key, which is part of the memo key (workers change the history
-    every few seconds; the memo would otherwise start over as often).
+    they change), except the profile book, rebuilt on every fetch: by its profiles
+    (frozen, compared by value). Two are left out because the memo key holds what the
+    stages read of them: fair-share usage (whether the task's tenant is demoted; one
+    tenant crossing its share would otherwise empty the memo for all), and, with a model,
+    the history (it enters a decision only through the history bins of the model's cache
+    key; workers change it every few seconds).
     """
     sources = []
     with_model = view.sources.get(MODEL_SOURCE) is not None
     for name, value in view.sources.items():
-        if name == HISTORY_SOURCE and with_model:
+        if name == USAGE_SOURCE or (name == HISTORY_SOURCE and with_model):
             continue
-        if name == "usage":
-            value = getattr(value, "demoted", value)
-        elif name == "profiles":
-            value = getattr(value, "profiles", value)
-        else:
-            value = _Same(value)
-        sources.append((name, value))
+        sources.append((name, getattr(value, "profiles", value) if name == "profiles"
+                        else _Same(value)))
     return (view.stage, view.split, view.fresh, view.live_queues, tuple(sources))
 
 
@@ -160,7 +157,8 @@ class Reused:
 
 
 class DecisionMemo:
-    """Templates by (task, tenant, tenant note, model cache key), for one view at a time."""
+    """Templates by (task, tenant, tenant note, demoted, model cache key), for one view
+    at a time."""
 
     def __init__(self, pipeline: Pipeline, limit: int = MEMO_LIMIT) -> None:
         self.pipeline = pipeline
@@ -222,14 +220,16 @@ class DecisionMemo:
         task = request.task
         tenant, note = self.tenants.resolve(raw, request.parent_tenant)
         sources = view.sources
+        usage = sources.get(USAGE_SOURCE)
+        demoted = usage is not None and tenant in usage.demoted
         model = sources.get(MODEL_SOURCE)
         if model is None:  # cold start: the estimate depends on (tenant, task) only
-            return (task, tenant, note)
+            return (task, tenant, note, demoted)
         request_key = model.request_key
         if request_key is None:
             return None
         history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features.get((tenant, task))
-        return (task, tenant, note, request_key(
+        return (task, tenant, note, demoted, request_key(
             task, tenant, request.args, kwargs, request.args_bytes, request.kwargs_bytes,
             request.declared.get("runtime_hint_s"), 0, request.published_at, history))
 
@@ -237,7 +237,7 @@ class DecisionMemo:
     def feature_key(key: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The model's cache key inside a memo key (None at cold start), so the features
         stage need not compute it again on a miss."""
-        return key[3] if len(key) > 3 else None
+        return key[4] if len(key) > 4 else None
 
     def reuse(self, view: View, key: tuple[Any, ...], task_id: str, now: float
               ) -> Reused | None:

@@ -28,7 +28,7 @@ from celery_aitp.scheduling.factors import (
     sla_factor,
     tenant_factor,
 )
-from celery_aitp.scheduling.usage import UsageSource
+from celery_aitp.scheduling.usage import USAGE_SOURCE, UsageSource
 from celery_aitp.worker.running import running_origin
 
 #: Labels accepted in one ``aitp_labels`` header; more is bad input.
@@ -207,7 +207,7 @@ class PriorityStage:
             rank += 1
         demoted = False
         if self.fair_share:
-            usage = view.sources.get("usage")
+            usage = view.sources.get(USAGE_SOURCE)
             demoted = usage is not None and tenant in usage.demoted
         decision.tier, decision.tier_steps = static.place(rank, demoted)
         decision.score = score

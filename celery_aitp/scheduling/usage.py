@@ -29,6 +29,8 @@ from celery_aitp.policy import Policy
 from celery_aitp.store.decayed import DecayedSums, decayed_values, decode_hash
 from celery_aitp.store.redis_store import RedisStore, translated_errors
 
+#: The live-view source name of fair-share usage (``view.sources``).
+USAGE_SOURCE = "usage"
 #: Publishes kept for the next batch while the store is unreachable (oldest dropped).
 PENDING_LIMIT = 100_000
 
@@ -159,7 +161,7 @@ class UsageSource:
     append, atomic and about 50 ns); each refresh round adds them up and sends them.
     """
 
-    name = "usage"
+    name = USAGE_SOURCE
     initial = UsageSnapshot()
 
     def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:

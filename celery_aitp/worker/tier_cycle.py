@@ -41,6 +41,7 @@ from typing import Any
 from celery_aitp.policy import TIER_WEIGHT_RATIO, Policy
 from celery_aitp.priority_policy import TierOrder
 from celery_aitp.queues import parse_tier_queue
+from celery_aitp.scheduling.usage import USAGE_SOURCE
 
 #: The strategy's dotted name, as ``queue_order_strategy`` takes it.
 STRATEGY = "celery_aitp.worker.tier_cycle:WeightedTierCycle"
@@ -126,7 +127,7 @@ def set_demoted(tenants: frozenset[str]) -> None:
 
 def follow_usage(view: Any) -> None:
     """A live-view listener: keep :func:`set_demoted` in step with the ``usage`` source."""
-    usage = view.sources.get("usage")
+    usage = view.sources.get(USAGE_SOURCE)
     demoted = getattr(usage, "demoted", None)
     if isinstance(demoted, frozenset) and demoted != _demoted:
         set_demoted(demoted)

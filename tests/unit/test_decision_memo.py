@@ -273,3 +273,22 @@ def test_at_cold_start_new_history_is_used_at_once(pair, store) -> None:
     history.add_runs([("acme", "media.resize", 3.0)])
     refresh(on)
     assert publish(on, 1, *args)["headers"]["aitp"]["predicted_runtime_s"] == 2.0
+
+
+def test_a_tenant_over_its_share_is_demoted_at_once_and_the_others_keep_theirs(pair,
+                                                                              store) -> None:
+    on, off = pair
+    make_live(store, *LIVE)
+    refresh(on, off)
+    messages = [("mail.send", (), {}, {"aitp_tenant": t}) for t in ("acme", "initech")]
+    messages += [("mail.send", (), {}, {})]  # the default tenant
+    assert_same(on, off, messages)
+    kept = len(on.aitp.memo)
+    assert kept == 3
+    usage = on.aitp.pipeline.stages[4].usage
+    usage.pending.extend([("acme", "hi", 10_000.0)] * 5 + [("default", "lo", 1_000.0),
+                                                          ("initech", "lo", 1_000.0)])
+    refresh(on, off)
+    assert "acme" in on.aitp.live.current().sources["usage"].demoted
+    assert assert_same(on, off, messages) == 2  # initech and default reused; acme decided
+    assert len(on.aitp.memo) == kept + 1
