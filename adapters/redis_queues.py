@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from celery_aitp.errors import AdapterError
+from celery_aitp.publish.request import read_header
 from celery_aitp.store.redis_store import connect
 
 DEFAULT_STEPS = (0, 3, 6, 9)
@@ -104,7 +105,7 @@ def _decided_at(raw: Any) -> float | None:
         return None
     try:
         headers = json.loads(raw).get("headers") or {}
-        stamp = (headers.get("aitp") or {}).get("decided_at")
+        stamp = (read_header(headers.get("aitp")) or {}).get("decided_at")
         return float(stamp) if stamp is not None else None
     except (ValueError, TypeError, AttributeError):
         return None

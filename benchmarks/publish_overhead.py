@@ -31,6 +31,7 @@ from celery import Celery  # noqa: E402
 
 import celery_aitp  # noqa: E402
 from celery_aitp.layout import physical_groups  # noqa: E402
+from celery_aitp.publish.request import header_json  # noqa: E402
 from celery_aitp.queues import all_tier_queues  # noqa: E402
 
 #: The variant that publishes one precomputed decision for every task (no pipeline).
@@ -75,12 +76,12 @@ class Variant:
         mw = self.middleware
         decision = mw.pipeline.decide(
             _request(name, args, kwargs, headers), mw.live.current(), time.time())
-        header, queue = decision.header(), decision.queue or ""
+        prefix, queue = decision.header_prefix(), decision.queue or ""
 
         def on_publish(task: str, message: Any, opts: dict[str, Any]) -> dict[str, Any]:
             opts.pop("_aitp_auto", None)
             found = dict(opts.get("headers") or {})
-            found["aitp"] = dict(header, decided_at=time.time())
+            found["aitp"] = header_json(prefix, time.time())
             opts["headers"] = found
             mw._send_to_tier(opts, queue)
             return opts

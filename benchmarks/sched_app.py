@@ -23,6 +23,7 @@ import redis
 from celery import Celery
 
 from benchmarks.workload import KINDS, POLICY
+from celery_aitp.publish.request import read_header
 
 MODES = ("fifo", "aitp", "oracle")
 RUNTIME_HEADER = "bench_runtime_s"
@@ -72,7 +73,7 @@ def make_app(mode: str, broker: str, prefix: str, queue: str) -> Celery:
             runtime = headers.get(RUNTIME_HEADER, 0.0)
         time.sleep(max(0.0, float(runtime)))
         finished = time.time()
-        aitp = getattr(task.request, "aitp", None) or {}
+        aitp = read_header(getattr(task.request, "aitp", None)) or {}
         sink.rpush(key, json.dumps({
             "id": task.request.id, "started": started, "finished": finished,
             "worker": task.request.hostname or host,

@@ -41,7 +41,7 @@ from celery_aitp.publish.live_view import View
 from celery_aitp.publish.pipeline import Pipeline
 from celery_aitp.publish.priority_stage import PriorityStage
 from celery_aitp.publish.profile_stage import ProfileStage
-from celery_aitp.publish.request import Decision, Request, record_json_of
+from celery_aitp.publish.request import Decision, Request, header_json, record_json_of
 from celery_aitp.publish.stages import GateStage, RouteStage, TenantStage
 from celery_aitp.publish.visibility_stage import VISIBILITY_REASONS, VisibilityStage
 from celery_aitp.scheduling.usage import USAGE_SOURCE
@@ -97,7 +97,7 @@ class Template:
 
     def __init__(self, decision: Decision, charge: tuple[str, str, float]) -> None:
         self.task = decision.task
-        self.header = decision.header()  # decided_at is replaced per task
+        self.header = decision.header_prefix()  # each task adds its decided_at
         self.counter = decision.counter()
         self.notes = tuple(decision.notes)
         self.routed = decision.routed
@@ -140,10 +140,8 @@ class Reused:
     def record_parts(self) -> tuple[str, str]:
         return self.template.record_parts()
 
-    def header(self) -> dict[str, Any]:
-        header = self.template.header.copy()
-        header["decided_at"] = self.decided_at
-        return header
+    def header(self) -> str:
+        return header_json(self.template.header, self.decided_at)
 
     def record_json(self) -> str:
         """Exactly what ``Decision.record_json`` gives for the decision it copies (a first

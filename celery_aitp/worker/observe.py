@@ -22,6 +22,7 @@ from celery import signals
 
 from celery_aitp.predict.features import argument_features
 from celery_aitp.predict.history import HistorySink
+from celery_aitp.publish.request import read_header
 from celery_aitp.worker.ledger import RunLedger
 from celery_aitp.worker.meter import RunMeter, make_probe
 
@@ -82,7 +83,8 @@ def _raw_header(request: Any) -> dict[str, Any]:
     raw = getattr(request, "aitp", None)
     if raw is None and isinstance(getattr(request, "headers", None), dict):
         raw = request.headers.get("aitp")
-    return raw if type(raw) is dict else {}
+    header = read_header(raw)
+    return header if type(header) is dict else {}
 
 
 def checked_header(raw: Mapping[str, Any], tenants: Any) -> tuple[dict[str, Any], list[str]]:

@@ -10,12 +10,11 @@ lookup (Celery's own task stack costs about 1 us per read, on every publish).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from typing import Any
 
 from celery import signals
 
-from celery_aitp.publish.request import header_origin
+from celery_aitp.publish.request import header_origin, read_header
 
 _local = threading.local()
 
@@ -39,10 +38,17 @@ def running_origin(task_id: str) -> float | None:
 
 def enter(request: Any) -> None:
     """Remember the running task's tenant, first-publish time and id; never raises on
-    odd headers. The tenant stage still checks the tenant against the policy."""
+    odd headers. The tenant stage still checks the tenant against the policy.
+
+    The message carries its ``aitp`` header as JSON text; the task gets it as a mapping
+    (``self.request.aitp``), as it had before the header became text.
+    """
     try:
-        header = getattr(request, "aitp", None)
-        tenant = header.get("tenant") if isinstance(header, Mapping) else None
+        raw = getattr(request, "aitp", None)
+        header = read_header(raw)
+        if header is not None and header is not raw:
+            request.aitp = header
+        tenant = header.get("tenant") if header is not None else None
     except Exception:  # a header whose reads raise: as if there were none
         header = tenant = None
     _local.tenant = tenant if type(tenant) is str else None

@@ -24,6 +24,7 @@ from kombu import Queue
 
 import celery_aitp
 from celery_aitp.publish.hook import AUTO_ROUTE
+from celery_aitp.publish.request import MAX_HEADER_CHARS, header_origin, read_header
 from celery_aitp.queues import all_tier_queues, parse_tier_queue
 from celery_aitp.store import Keys, RedisStore
 from celery_aitp.worker import running
@@ -106,10 +107,16 @@ def _cap(tenant: str) -> int:
     return _rank(POLICY["tenants"][tenant]["max_tier"])
 
 
+def _no_constant(name: str) -> Any:
+    raise AssertionError(f"{name} in the aitp header")
+
+
 def _check_outcome(app: Celery, options: dict[str, Any]) -> dict[str, Any]:
     """The common part of every property: a valid header, a valid destination."""
-    header = options["headers"]["aitp"]
-    json.dumps(header, allow_nan=False)  # JSON-safe, no NaN/inf smuggled into the header
+    raw = options["headers"]["aitp"]
+    assert type(raw) is str and len(raw) <= MAX_HEADER_CHARS
+    header = json.loads(raw, parse_constant=_no_constant)  # strict: no NaN/inf smuggled in
+    assert header == read_header(raw)
     if header["reason"].startswith("error:"):  # the decision itself failed: nothing decided
         assert (header["tenant"], header["tier"], header["routed"]) == ("", "", False)
     else:
@@ -189,7 +196,7 @@ def test_apply_async_with_hostile_headers_still_publishes(deployment, headers, a
     finally:
         after_task_publish.disconnect(capture)
     assert len(seen) == 1
-    header = seen[0]["headers"]["aitp"]
+    header = read_header(seen[0]["headers"]["aitp"])
     assert header["tenant"] in TENANTS and _rank(header["tier"]) >= _cap(header["tenant"])
     assert seen[0]["routing_key"] in ("default-q", header["queue"])
 
@@ -198,8 +205,8 @@ def test_a_message_whose_id_cannot_be_printed_still_publishes(deployment):
     """Even the fallback's own bookkeeping must not raise on a hostile message."""
     message = SimpleNamespace(headers={"id": Hostile(), "retries": Hostile()}, body=Hostile())
     out = deployment.aitp.on_publish("h.plain", message, {"headers": {}, AUTO_ROUTE: True})
-    assert out["headers"]["aitp"]["routed"] is False
-    assert out["headers"]["aitp"]["reason"].startswith("error:")
+    assert read_header(out["headers"]["aitp"])["routed"] is False
+    assert read_header(out["headers"]["aitp"])["reason"].startswith("error:")
 
 
 # --- the worker side: a forged ``aitp`` header on a message it runs ------------------
@@ -239,6 +246,18 @@ def test_headers_that_are_not_a_mapping_are_replaced_counted_and_explained(deplo
     with caplog.at_level("WARNING", logger="celery_aitp.middleware"):
         out = mw.on_publish("h.listed", message, {"headers": ["aitp_tenant", "acme"],
                                                   AUTO_ROUTE: True})  # logged once a name
-    assert set(out["headers"]) == {"aitp"} and out["headers"]["aitp"]["tenant"] == "default"
+    assert set(out["headers"]) == {"aitp"}
+    assert read_header(out["headers"]["aitp"])["tenant"] == "default"
     assert mw.counters.totals["rejected:headers"] == before + 1
     assert "rejected:headers" in caplog.text and "h.listed" in caplog.text
+
+
+@HOSTILE
+@given(raw=st.one_of(odd_text, st.binary(max_size=300), py_values, json_values.map(json.dumps),
+                     st.integers(0, 5000).map(lambda n: '{"a":' * n)))
+def test_any_aitp_header_reads_as_a_mapping_or_nothing(raw: Any) -> None:
+    found = read_header(raw)
+    assert found is None or isinstance(found, dict) or found is raw
+    origin = header_origin(raw)
+    assert origin is None or origin > 0
+    assert read_header("x" * (MAX_HEADER_CHARS + 1)) is None

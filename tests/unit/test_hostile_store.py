@@ -29,6 +29,7 @@ from celery_aitp.predict.history import HistoryStore
 from celery_aitp.predict.model_store import ModelStore
 from celery_aitp.profiles.store import ProfileStore
 from celery_aitp.publish.hook import AUTO_ROUTE
+from celery_aitp.publish.request import read_header
 from celery_aitp.scheduling.usage import read_usage, usage_key
 from celery_aitp.store import Keys, RedisStore
 from celery_aitp.store.decision_log import DecisionLog
@@ -123,7 +124,7 @@ def test_garbage_in_the_store_never_stops_decisions(deployment, contents, tenant
         source.fetch(store, source.initial)
     message = SimpleNamespace(headers={"id": "t1", "retries": 1}, body=((1,), {}, {}))
     out = mw.on_publish("t.x", message, {"headers": {"aitp_tenant": tenant}, AUTO_ROUTE: True})
-    header = out["headers"]["aitp"]
+    header = read_header(out["headers"]["aitp"])
     json.dumps(header, allow_nan=False)
     assert not header["reason"].startswith("error:"), header
     assert header["tenant"] == tenant and RANK[header["tier"]] >= RANK[

@@ -3,12 +3,14 @@ keep the running task's tenant unless they name their own."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from celery import signals
 
+from celery_aitp.publish.request import read_header
 from tests.unit.conftest import make_live
 
 
@@ -39,7 +41,7 @@ def publish(app: Any, **options: Any) -> dict[str, Any]:
     from celery.signals import before_task_publish
 
     def capture(headers: Any = None, routing_key: Any = None, **_: Any) -> None:
-        result.update(headers["aitp"], routing_key=routing_key)
+        result.update(read_header(headers["aitp"]), routing_key=routing_key)
 
     before_task_publish.connect(capture, weak=False)
     try:
@@ -73,6 +75,14 @@ def test_a_missing_or_bad_running_header_gives_the_default_tenant(app, store, ru
     make_live(store)
     running(header)
     assert publish(app)["tenant"] == "default"
+
+
+def test_the_running_task_gets_its_header_as_a_mapping(app, store, running):
+    make_live(store, "aitp.globex.cpu.mid")
+    text = json.dumps({"v": 2, "tenant": "globex", "tier": "mid", "decided_at": 5.0})
+    running(text)
+    assert app.tasks["tests.unit.conftest.plain"].request.aitp == json.loads(text)
+    assert publish(app)["tenant"] == "globex"  # and its sub-tasks inherit the tenant
 
 
 def test_outside_a_worker_task_nothing_is_inherited(app, store):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -23,10 +24,11 @@ def records(app):
     return app.aitp.store.read_records(app.aitp.store.keys.observations)
 
 
-def test_a_run_is_recorded_with_the_documented_fields(app):
+@pytest.mark.parametrize("wire", [json.dumps, dict], ids=["v2 text", "v1 mapping"])
+def test_a_run_is_recorded_with_the_documented_fields(app, wire):
     app.aitp.live.current()
     task = app.tasks["tests.unit.conftest.urgent"]
-    assert task.apply(([1, 2, 3],), headers={"aitp": HEADER}).get() == [1, 2, 3]
+    assert task.apply(([1, 2, 3],), headers={"aitp": wire(HEADER)}).get() == [1, 2, 3]
     (record,) = records(app)
     documented = re.findall(r"^\| `(\w+)` \|", README.read_text().split(
         "### Observation records")[1].split("\n## ")[0], re.M)

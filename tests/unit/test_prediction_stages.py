@@ -14,7 +14,7 @@ from celery_aitp.predict.history import HISTORY_SOURCE, HistoryStore
 from celery_aitp.predict.model_source import MODEL_SOURCE
 from celery_aitp.predict.model_store import ModelStore
 from celery_aitp.publish.live_view import View
-from celery_aitp.publish.request import Decision, Request
+from celery_aitp.publish.request import Decision, Request, read_header
 from tests.unit.conftest import make_live
 
 
@@ -44,7 +44,7 @@ def synthetic_app(store) -> Any:
 def publish(app: Any, published: list[dict[str, Any]], name: str, *args: Any,
             **kwargs: Any) -> dict[str, Any]:
     app.tasks[name].apply_async(args, kwargs, headers={"aitp_tenant": "acme"})
-    return published[-1]["headers"]["aitp"]
+    return read_header(published[-1]["headers"]["aitp"])
 
 
 def refreshed(app: Any) -> View:
@@ -137,6 +137,6 @@ def test_decision_records_carry_the_prediction(synthetic_app, store, published, 
     synthetic_app.aitp.live.flush()
     record = store.read_records(store.keys.decisions)[-1]
     assert record["prediction_source"] == "model" and record["task"] == "reports.build"
-    assert record["predicted_runtime_s"] == published[-1]["headers"]["aitp"][
+    assert record["predicted_runtime_s"] == read_header(published[-1]["headers"]["aitp"])[
         "predicted_runtime_s"]
     assert json.loads(json.dumps(record)) == record

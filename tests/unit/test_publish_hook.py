@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
 from celery_aitp.publish.hook import AitpAMQP, AitpRouter
+from celery_aitp.publish.request import read_header
 from celery_aitp.worker import running
 from tests.unit.conftest import make_live
 
@@ -16,7 +18,7 @@ def refresh(app: Any) -> None:
 
 
 def header(msg: dict[str, Any]) -> dict[str, Any]:
-    return msg["headers"]["aitp"]
+    return read_header(msg["headers"]["aitp"])
 
 
 def test_install_swaps_in_the_aitp_amqp_and_router(app):
@@ -35,6 +37,17 @@ def test_routes_to_a_live_tier_queue(app, store, published):
     assert h["reason"] == "routed" and h["stage"] == "takeover"
     assert {"tenant", "tier", "accelerator", "predicted_runtime_s", "stage", "routed", "reason",
             "decided_at"} <= set(h)
+
+
+def test_the_header_travels_as_one_compact_strict_json_object(app, store, published):
+    make_live(store, "aitp.acme.cpu.hi")
+    refresh(app)
+    app.tasks["tests.unit.conftest.urgent"].apply_async((1,), headers={"aitp_tenant": "acme"})
+    raw = published[-1]["headers"]["aitp"]
+    assert type(raw) is str and ", " not in raw and ": " not in raw
+    assert json.loads(raw) == read_header(raw) and json.loads(raw)["v"] == 2
+    assert read_header({"v": 1, "tenant": "acme"}) == {"v": 1, "tenant": "acme"}  # in flight
+    assert read_header(raw.encode()) == json.loads(raw)
 
 
 def test_falls_back_when_no_live_worker(app, store, published):

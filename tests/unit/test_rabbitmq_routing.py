@@ -18,6 +18,7 @@ from celery.signals import before_task_publish
 import celery_aitp
 from celery_aitp.errors import PolicyError
 from celery_aitp.layout import AMQP_MAX_PRIORITY
+from celery_aitp.publish.request import read_header
 from celery_aitp.stubs import MemoryQueueOps
 from celery_aitp.worker.bootstep import AitpWorkerStep
 from celery_aitp.worker.janitor import Janitor
@@ -39,7 +40,8 @@ def sent() -> Iterator[list[dict[str, Any]]]:
     def capture(routing_key: Any = None, headers: Any = None, properties: Any = None,
                 declare: Any = None, **_: Any) -> None:
         seen.append({"routing_key": routing_key, "priority": (properties or {}).get("priority"),
-                     "aitp": (headers or {}).get("aitp"), "declare": list(declare or ())})
+                     "aitp": read_header((headers or {}).get("aitp")),
+                     "declare": list(declare or ())})
 
     before_task_publish.connect(capture, weak=False)
     yield seen
@@ -80,7 +82,7 @@ def test_a_retry_to_its_live_broker_queue_keeps_queue_and_priority(rabbit_app, s
     assert options["queue"].name == "aitp.acme.cpu"
     assert options["queue"].queue_arguments == {"x-max-priority": AMQP_MAX_PRIORITY}
     assert options["priority"] == 8
-    assert options["headers"]["aitp"]["reason"] == "explicit_queue"
+    assert read_header(options["headers"]["aitp"])["reason"] == "explicit_queue"
 
 
 def test_an_explicit_logical_name_is_sent_to_its_broker_queue(rabbit_app, store):
@@ -98,7 +100,7 @@ def test_an_explicit_broker_queue_nobody_serves_falls_back_to_default(rabbit_app
     options = rabbit_app.aitp.on_publish("tests.unit.conftest.plain", _message(),
                                          {"queue": "aitp.acme.cpu", "priority": 8})
     assert options["queue"] == "default-q"
-    assert options["headers"]["aitp"]["reason"] == "explicit_queue_dead"
+    assert read_header(options["headers"]["aitp"])["reason"] == "explicit_queue_dead"
 
 
 def test_janitor_drains_a_broker_queue_only_when_none_of_its_tiers_is_served(rabbit_app, store):
@@ -124,8 +126,8 @@ def test_rabbitmq_without_a_store_url_falls_back_and_is_reported_once(caplog):
     with caplog.at_level("ERROR", logger="celery_aitp.middleware"):
         first = mw.on_publish("x", _message("a"), {"headers": {"aitp_tenant": "acme"}})
         mw.on_publish("x", _message("b"), {})
-    assert first["headers"]["aitp"]["reason"] == "config_error"
-    assert first["headers"]["aitp"]["routed"] is False and "queue" not in first
+    assert read_header(first["headers"]["aitp"])["reason"] == "config_error"
+    assert read_header(first["headers"]["aitp"])["routed"] is False and "queue" not in first
     assert first["headers"]["aitp_tenant"] == "acme"  # the caller's headers are kept
     assert [r.getMessage() for r in caplog.records].count(
         next(r.getMessage() for r in caplog.records)) == 1

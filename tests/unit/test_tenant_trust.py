@@ -13,7 +13,7 @@ from celery import Celery
 import celery_aitp
 from celery_aitp.errors import PolicyError
 from celery_aitp.policy import parse_policy
-from celery_aitp.publish.request import Decision, Request
+from celery_aitp.publish.request import Decision, Request, read_header
 from celery_aitp.publish.stages import TenantStage
 from celery_aitp.settings import resolve_settings
 from celery_aitp.store import RedisStore
@@ -101,7 +101,7 @@ def publish(app: Celery, task: str, published: list[dict[str, Any]], **options: 
     app.aitp.live.current()
     app.aitp.live.refresh()
     app.tasks[task].apply_async((1,), **options)
-    return dict(published[-1], aitp=published[-1]["headers"]["aitp"])
+    return dict(published[-1], aitp=read_header(published[-1]["headers"]["aitp"]))
 
 
 def test_unknown_tenant_header_gets_the_default_tenant_and_is_counted(

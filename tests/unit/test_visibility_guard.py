@@ -13,7 +13,7 @@ import celery_aitp
 from celery_aitp.errors import PolicyError
 from celery_aitp.policy import VisibilityGuardSettings, parse_policy
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.publish.request import Decision, Request
+from celery_aitp.publish.request import Decision, Request, read_header
 from celery_aitp.publish.visibility_stage import (
     KOMBU_DEFAULT_VISIBILITY_TIMEOUT_S,
     VisibilityStage,
@@ -98,7 +98,7 @@ def test_a_bad_timeout_is_a_config_error_not_a_crash(store: RedisStore,
     app = redis_like(store, 100.0)
     app.conf.broker_transport_options = {"visibility_timeout": "an hour"}
     app.send_task("proj.t")
-    assert published[-1]["headers"]["aitp"]["reason"] == "config_error"
+    assert read_header(published[-1]["headers"]["aitp"])["reason"] == "config_error"
     assert published[-1]["routing_key"] == "default-q"
 
 
@@ -211,7 +211,7 @@ def test_countdown_past_the_limit_through_the_hook(store: RedisStore,
     assert published[-1]["routing_key"] == "aitp.acme.cpu.hi"
     publish_urgent(app, countdown=500)
     assert published[-1]["routing_key"] == queue
-    header = published[-1]["headers"]["aitp"]
+    header = read_header(published[-1]["headers"]["aitp"])
     assert header["reason"] == reason and header["queue"] == "aitp.acme.cpu.hi"
     totals = app.aitp.counters.totals
     assert totals["visibility_eta"] == 1
@@ -225,6 +225,6 @@ def test_an_explicit_queue_is_kept_but_counted(store: RedisStore,
     make_live(store, "aitp.acme.cpu.hi")
     publish_urgent(app, countdown=500, queue="mine")
     assert published[-1]["routing_key"] == "mine"
-    assert published[-1]["headers"]["aitp"]["reason"] == "explicit_queue"
+    assert read_header(published[-1]["headers"]["aitp"])["reason"] == "explicit_queue"
     assert app.aitp.counters.totals["visibility_eta"] == 1
     app.aitp.close()
