@@ -12,11 +12,12 @@ from typing import Any
 
 from celery.signals import after_task_publish
 
+from celery_aitp.publish.request import read_header
 from tests.apps.proj import app, noop
 
 
 def show(headers: Any = None, **_: Any) -> None:
-    print(f"{time.time():.3f} {headers['aitp']['stage']}", flush=True)
+    print(f"{time.time():.3f} {read_header(headers['aitp'])['stage']}", flush=True)
 
 
 def main() -> None:
