@@ -8,7 +8,9 @@ cache key and the view, for a task that
 * is published for the first time (a retry's age comes from the running task),
 * has no ETA (the visibility guard compares it with the clock),
 * carries no ``aitp_labels`` header (read per publish by the priority stage),
-* is not in the split stage (its arm hangs on the task id).
+* in the split stage, meets a split whose selectors do not look at the decision (no
+  ``tiers``, no ``max_uncertainty``): its arm then follows from the task id, the task
+  and the tenant alone, and becomes part of the key.
 
 So the first such task of a key runs the pipeline, and its decision is kept as a
 :class:`Template`: the ``aitp`` header, the record's JSON without the id and the time,
@@ -42,6 +44,7 @@ from celery_aitp.publish.pipeline import Pipeline
 from celery_aitp.publish.priority_stage import PriorityStage
 from celery_aitp.publish.profile_stage import ProfileStage
 from celery_aitp.publish.request import Decision, Request, header_json, record_json_of
+from celery_aitp.publish.split import SplitRule
 from celery_aitp.publish.stages import GateStage, RouteStage, TenantStage
 from celery_aitp.publish.visibility_stage import VISIBILITY_REASONS, VisibilityStage
 from celery_aitp.scheduling.usage import USAGE_SOURCE
@@ -155,8 +158,8 @@ class Reused:
 
 
 class DecisionMemo:
-    """Templates by (task, tenant, tenant note, demoted, model cache key), for one view
-    at a time."""
+    """Templates by (task, tenant, tenant note, demoted, split arm, model cache key),
+    for one view at a time."""
 
     def __init__(self, pipeline: Pipeline, limit: int = MEMO_LIMIT) -> None:
         self.pipeline = pipeline
@@ -166,6 +169,8 @@ class DecisionMemo:
         self.tenants = tenants
         self.kwarg = tenants.kwarg
         self.priority = priority
+        self._charges = priority.usage.pending  # where fair-share charges wait (a deque)
+        self._rule: SplitRule | None = None
         self.limit = limit
         #: (view, its fingerprint, templates), swapped as one object so threads never
         #: mix two views.
@@ -204,38 +209,53 @@ class DecisionMemo:
         return decision if kept is None else kept
 
     def key(self, request: Request, view: View) -> tuple[Any, ...] | None:
-        """The memo key of a task nobody routed, computed as the tenant and features
-        stages would; None if the task or the view rules the memo out."""
-        if request.retries or request.eta is not None or view.stage is Stage.SPLIT:
+        """The memo key of a task nobody routed, computed as the tenant, features and
+        gate stages would; None if the task or the view rules the memo out."""
+        if request.retries or request.eta is not None:
             return None
         headers = request.headers
         if "aitp_labels" in headers:
             return None
+        rule = None
+        if view.stage is Stage.SPLIT:
+            rule = self._split_rule(view)
+            if rule is None:
+                return None
         raw = headers.get("aitp_tenant")
         kwargs = request.kwargs
         if raw is None and self.kwarg and type(kwargs) is dict:
             raw = kwargs.get(self.kwarg)
         task = request.task
         tenant, note = self.tenants.resolve(raw, request.parent_tenant)
+        # the split's arm, as the gate finds it (its selectors ignore tier and prediction)
+        arm = None if rule is None else rule.routes(request.root_id or request.task_id,
+                                                    task, tenant, None)
         sources = view.sources
         usage = sources.get(USAGE_SOURCE)
         demoted = usage is not None and tenant in usage.demoted
         model = sources.get(MODEL_SOURCE)
         if model is None:  # cold start: the estimate depends on (tenant, task) only
-            return (task, tenant, note, demoted)
+            return (task, tenant, note, demoted, arm)
         request_key = model.request_key
         if request_key is None:
             return None
         history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features.get((tenant, task))
-        return (task, tenant, note, demoted, request_key(
+        return (task, tenant, note, demoted, arm, request_key(
             task, tenant, request.args, kwargs, request.args_bytes, request.kwargs_bytes,
             request.declared.get("runtime_hint_s"), 0, request.published_at, history))
+
+    def _split_rule(self, view: View) -> SplitRule | None:
+        """The view's split, compiled once; None if its selectors look at the decision."""
+        rule = self._rule
+        if rule is None or rule.source is not view.split:
+            rule = self._rule = SplitRule(view.split)
+        return None if rule.tiers or rule.max_uncertainty is not None else rule
 
     @staticmethod
     def feature_key(key: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The model's cache key inside a memo key (None at cold start), so the features
         stage need not compute it again on a miss."""
-        return key[4] if len(key) > 4 else None
+        return key[5] if len(key) > 5 else None
 
     def reuse(self, view: View, key: tuple[Any, ...], task_id: str, now: float
               ) -> Reused | None:
@@ -247,7 +267,7 @@ class DecisionMemo:
         template = state[2].get(key)
         if template is None:
             return None
-        self.priority.usage.pending.append(template.charge)
+        self._charges.append(template.charge)
         return Reused(template, task_id, now)
 
     def _adopt(self, view: View) -> tuple[View, Any, dict[tuple[Any, ...], Template]]:

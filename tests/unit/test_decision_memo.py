@@ -168,11 +168,28 @@ def test_in_coexistence_and_with_no_live_worker_too(pair, store) -> None:
     assert assert_same(on, off, workload(100)) > 0
 
 
-@pytest.mark.parametrize("case", ["retry", "eta", "labels", "split", "explicit queue"])
+def test_in_the_split_stage_the_arm_is_part_of_the_key(pair, store) -> None:
+    on, off = pair
+    make_live(store, *LIVE)
+    store.write_stage({"stage": "split", "split": {"percent": 50, "tenants": ["acme",
+                                                                             "initech"]}},
+                      who="test")
+    refresh(on, off)
+    messages = workload(200)
+    assert assert_same(on, off, messages + messages[:50]) >= 100
+    reasons = {name.rsplit(":", 1)[1] for name in on.aitp.counters.totals
+               if name.startswith("decisions:split:")}
+    assert {"routed", "split_standard_arm"} <= reasons  # both arms, each reused right
+
+
+@pytest.mark.parametrize("case", ["retry", "eta", "labels", "split by tier", "explicit queue"])
 def test_tasks_the_memo_cannot_vouch_for_run_the_pipeline(pair, store, case,
                                                           monkeypatch) -> None:
     on, off = pair
-    make_live(store, *LIVE, stage="split" if case == "split" else "takeover")
+    make_live(store, *LIVE)
+    if case == "split by tier":  # the arm would hang on the decision's tier
+        store.write_stage({"stage": "split", "split": {"percent": 50, "tiers": ["lo"]}},
+                          who="test")
     refresh(on, off)
     runs = []
     original = Pipeline.decide
