@@ -306,7 +306,8 @@ class Middleware:
             name, task_id if type(task_id) is str else str(task_id or ""), args, kwargs, headers,
             self.declared(name) if declared is None else declared,
             None if auto else _queue_name(options.get("queue")), now,
-            msg_headers.get("retries") or 0, _root_id(msg_headers.get("root_id")),
+            msg_headers.get("retries") or 0, root if type(root := msg_headers.get("root_id"))
+            is str and root else None,
             len(argsrepr) if type(argsrepr) is str else None,
             len(kwargsrepr) if type(kwargsrepr) is str else None,
             current_tenant(), msg_headers.get("eta"),
@@ -321,7 +322,8 @@ class Middleware:
 
     def _headers(self, options: dict[str, Any], task: str) -> dict[str, Any]:
         """A copy of the caller's headers to add ours to (replaced if unusable)."""
-        headers = _caller_headers(options.get("headers"))
+        raw = options.get("headers")
+        headers = raw.copy() if type(raw) is dict else _caller_headers(raw)
         if headers is None:  # not a mapping, or one that cannot be read: replaced
             self.counters.incr("rejected:headers")
             if task not in self._bad_headers_reported and \
@@ -380,7 +382,9 @@ class Middleware:
             # the layout's priority keeps tiers strict: 0 on Redis, the tier on RabbitMQ
             found = self._tier_targets[name] = (self.queue(name), self.layout.priority(name))
         options["queue"], options["priority"] = found
-        _drop_destination(options)
+        options.pop("exchange", None)  # Celery takes them from the queue (as in
+        options.pop("routing_key", None)  # _drop_destination, unrolled: once per publish)
+        options.pop("exchange_type", None)
 
     def close(self) -> None:
         """Flush telemetry and stop the refresher (process shutdown)."""
@@ -424,10 +428,6 @@ def _task_id(message: Any) -> str:
 def _drop_destination(options: dict[str, Any]) -> None:
     for key in ("exchange", "routing_key", "exchange_type"):
         options.pop(key, None)
-
-
-def _root_id(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
 
 
 def _queue_name(queue: Any) -> str | None:

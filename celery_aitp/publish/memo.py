@@ -144,7 +144,10 @@ class Reused:
         return self.template.record_parts()
 
     def header(self) -> str:
-        return header_json(self.template.header, self.decided_at)
+        at = self.decided_at
+        if type(at) is float and at - at == 0.0:  # a finite time.time(): header_json inlined
+            return f'{self.template.header}"decided_at":{at!r}}}'
+        return header_json(self.template.header, at)
 
     def record_json(self) -> str:
         """Exactly what ``Decision.record_json`` gives for the decision it copies (a first

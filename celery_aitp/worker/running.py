@@ -16,12 +16,22 @@ from celery import signals
 
 from celery_aitp.publish.request import header_origin, read_header
 
-_local = threading.local()
+
+class _Running(threading.local):
+    """This thread's running task; the class defaults stand for "none" (a miss on a
+    plain ``threading.local`` raises and catches AttributeError on every publish)."""
+
+    tenant: str | None = None
+    origin: float | None = None
+    task_id: str | None = None
+
+
+_local = _Running()
 
 
 def current_tenant() -> str | None:
     """The validated tenant of the task this thread runs, or None outside a task."""
-    return getattr(_local, "tenant", None)
+    return _local.tenant
 
 
 def running_origin(task_id: str) -> float | None:
@@ -30,9 +40,8 @@ def running_origin(task_id: str) -> float | None:
     A retry is published by the task it retries, so its first-publish time is taken from
     the ``aitp`` header the worker received, never from headers the caller hands over.
     """
-    if task_id and getattr(_local, "task_id", None) == task_id:
-        origin: float | None = getattr(_local, "origin", None)
-        return origin
+    if task_id and _local.task_id == task_id:
+        return _local.origin
     return None
 
 
