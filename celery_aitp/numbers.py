@@ -6,7 +6,8 @@ import json
 import math
 from typing import Any
 
-_ENCODE = json.JSONEncoder(default=str, separators=(",", ":")).encode
+#: Compact JSON of any value (``str()`` of what JSON cannot hold), for records and headers.
+compact_json = json.JSONEncoder(default=str, separators=(",", ":")).encode
 
 
 def finite_number(value: Any) -> float | None:
@@ -29,4 +30,4 @@ def json_number(value: Any) -> str:
     ``json`` encodes it."""
     if type(value) is float:
         return repr(value) if value - value == 0.0 else "null"  # 0.0 only when finite
-    return "null" if value is None else _ENCODE(value)
+    return "null" if value is None else compact_json(value)

@@ -95,12 +95,12 @@ class _Same:
 class Template:
     """One decision, kept to be handed out again with another id and time."""
 
-    __slots__ = ("task", "header", "counter", "notes", "routed", "queue", "charge",
+    __slots__ = ("task", "header_prefix", "counter", "notes", "routed", "queue", "charge",
                  "_decision", "_json")
 
     def __init__(self, decision: Decision, charge: tuple[str, str, float]) -> None:
         self.task = decision.task
-        self.header = decision.header_prefix()  # each task adds its decided_at
+        self.header_prefix = decision.header_prefix()  # each task adds its decided_at
         self.counter = decision.counter()
         self.notes = tuple(decision.notes)
         self.routed = decision.routed
@@ -146,8 +146,8 @@ class Reused:
     def header(self) -> str:
         at = self.decided_at
         if type(at) is float and at - at == 0.0:  # a finite time.time(): header_json inlined
-            return f'{self.template.header}"decided_at":{at!r}}}'
-        return header_json(self.template.header, at)
+            return f'{self.template.header_prefix}"decided_at":{at!r}}}'
+        return header_json(self.template.header_prefix, at)
 
     def record_json(self) -> str:
         """Exactly what ``Decision.record_json`` gives for the decision it copies (a first

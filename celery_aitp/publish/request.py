@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
+from celery_aitp.numbers import compact_json as _ENCODE
 from celery_aitp.numbers import finite_number, json_number
 
 #: Bump when the ``aitp`` header changes shape; readers accept older versions. 2: one
@@ -23,7 +24,6 @@ RECORD_VERSION = 1
 #: Longest ``aitp`` header text read back (a decision's is about 350 characters).
 MAX_HEADER_CHARS = 4096
 
-_ENCODE = json.JSONEncoder(default=str, separators=(",", ":")).encode
 #: JSON of the fields many decisions share, by their values (bounded by the policy).
 _SHARED_JSON: dict[tuple[Any, ...], str] = {}
 _SHARED_LIMIT = 4096
@@ -171,14 +171,9 @@ class Decision:
     def header_prefix(self) -> str:
         """The header's JSON before ``decided_at`` (ending in a comma): all of it that
         does not depend on the time (:func:`header_json` puts it together)."""
-        shared = (self.tenant, self.tier, self.accelerator, self.stage, self.routed,
-                  self.queue, self.reason)
-        fragment = _HEADER_JSON.get(shared)
-        if fragment is None:
-            if len(_HEADER_JSON) >= _SHARED_LIMIT:
-                _HEADER_JSON.clear()
-            fragment = _HEADER_JSON[shared] = _ENCODE(
-                dict(zip(_HEADER_FIELDS, shared, strict=True)))[1:-1]
+        fragment = _fragment(_HEADER_JSON, _HEADER_FIELDS, (
+            self.tenant, self.tier, self.accelerator, self.stage, self.routed, self.queue,
+            self.reason))
         text = (f'{{"v":{HEADER_VERSION},{fragment},'
                 f'"predicted_runtime_s":{json_number(self.predicted_runtime_s)},')
         if self.predicted_runtime_s is not None:
@@ -239,14 +234,9 @@ class Decision:
     def record_head(self) -> str:
         """The start of the record's JSON: ``{"v":1`` and the fields many decisions share
         (:func:`record_json_of` puts it together)."""
-        shared = (self.task, self.tenant, self.tier, self.accelerator,
-                  self.prediction_source, self.stage, self.routed, self.queue, self.reason,
-                  self.arm)
-        fragment = _SHARED_JSON.get(shared)
-        if fragment is None:
-            if len(_SHARED_JSON) >= _SHARED_LIMIT:
-                _SHARED_JSON.clear()
-            fragment = _SHARED_JSON[shared] = _shared_fragment(shared)
+        fragment = _fragment(_SHARED_JSON, _SHARED_FIELDS, (
+            self.task, self.tenant, self.tier, self.accelerator, self.prediction_source,
+            self.stage, self.routed, self.queue, self.reason, self.arm))
         return f'{{"v":{RECORD_VERSION},{fragment}'
 
     def record_body(self) -> str:
@@ -280,8 +270,16 @@ _SHARED_FIELDS = ("task", "tenant", "tier", "accelerator", "prediction_source", 
                   "routed", "queue", "reason", "arm")
 
 
-def _shared_fragment(values: tuple[Any, ...]) -> str:
-    return _ENCODE(dict(zip(_SHARED_FIELDS, values, strict=True)))[1:-1]
+def _fragment(cache: dict[tuple[Any, ...], str], fields: tuple[str, ...],
+              values: tuple[Any, ...]) -> str:
+    """``"field":value,...`` of the fields many decisions share, encoded once per
+    distinct combination (the cache starts over beyond ``_SHARED_LIMIT``)."""
+    found = cache.get(values)
+    if found is None:
+        if len(cache) >= _SHARED_LIMIT:
+            cache.clear()
+        found = cache[values] = _ENCODE(dict(zip(fields, values, strict=True)))[1:-1]
+    return found
 
 
 def _detail(value: Any) -> str:
