@@ -19,6 +19,13 @@ a :class:`Reused` (the template, its own id and time) instead of the profile, pr
 route and gate stages, a Decision and its record encoding: the same header, record,
 counters and route at a fraction of the cost.
 
+With a model, the stages after ``predict`` read the model's cache key only through the
+prediction (p50, p90) it leads to, and many keys lead to the same one (a forest has
+finitely many leaves). So a template is also kept by its *outcome key*, the memo key
+with the prediction in place of the cache key: a task whose cache key is new walks the
+forests (no more) and, if an earlier task of the same task, tenant, note, demotion and
+arm got the same prediction, reuses that decision too.
+
 No decision outlives the state it was made on: the memo belongs to one view, and a new
 view keeps it only if everything the stages read from a view is unchanged
 (:func:`view_fingerprint`: stage, split, freshness, live queues, the model, history and
@@ -160,6 +167,11 @@ class Reused:
         return found
 
 
+#: The memo's state for one view (see ``DecisionMemo._state``).
+_State = tuple[View | None, Any, dict[tuple[Any, ...], Template],
+               dict[tuple[Any, ...], Template]]
+
+
 class DecisionMemo:
     """Templates by (task, tenant, tenant note, demoted, split arm, model cache key),
     for one view at a time."""
@@ -171,21 +183,22 @@ class DecisionMemo:
         assert isinstance(tenants, TenantStage) and isinstance(priority, PriorityStage)
         self.tenants = tenants
         self.kwarg = tenants.kwarg
+        self.default_tenant = tenants.default
+        self.claimable = tenants.claimable
         self.priority = priority
         self._charges = priority.usage.pending  # where fair-share charges wait (a deque)
         self._rule: SplitRule | None = None
         self.limit = limit
-        #: (view, its fingerprint, templates), swapped as one object so threads never
-        #: mix two views.
-        self._state: tuple[View | None, Any, dict[tuple[Any, ...], Template]] = \
-            (None, None, {})
+        #: (view, its fingerprint, templates by memo key, the same by outcome key),
+        #: swapped as one object so threads never mix two views.
+        self._state: _State = (None, None, {}, {})
 
     def __len__(self) -> int:
         return len(self._state[2])
 
     def clear(self) -> None:
         """Forget every kept decision."""
-        self._state = (None, None, {})
+        self._state = (None, None, {}, {})
 
     @classmethod
     def for_pipeline(cls, pipeline: Pipeline) -> DecisionMemo | None:
@@ -207,7 +220,12 @@ class DecisionMemo:
         found = self.reuse(view, key, request.task_id, now)
         if found is not None:
             return found
-        decision = self.pipeline.decide(request, view, now, self.feature_key(key))
+        feature_key = self.feature_key(key)
+        if feature_key is not None:
+            found = self.reuse_outcome(view, key, feature_key, request.task_id, now)
+            if found is not None:
+                return found
+        decision = self.pipeline.decide(request, view, now, feature_key)
         kept = self.keep(view, key, decision)
         return decision if kept is None else kept
 
@@ -229,7 +247,13 @@ class DecisionMemo:
         if raw is None and self.kwarg and type(kwargs) is dict:
             raw = kwargs.get(self.kwarg)
         task = request.task
-        tenant, note = self.tenants.resolve(raw, request.parent_tenant)
+        parent = request.parent_tenant
+        if raw is None and parent is None:  # the common cases of resolve(), inlined
+            tenant, note = self.default_tenant, None
+        elif type(raw) is str and raw in self.claimable:
+            tenant, note = raw, None
+        else:
+            tenant, note = self.tenants.resolve(raw, parent)
         # the split's arm, as the gate finds it (its selectors ignore tier and prediction)
         arm = None if rule is None else rule.routes(request.root_id or request.task_id,
                                                     task, tenant, None)
@@ -273,26 +297,56 @@ class DecisionMemo:
         self._charges.append(template.charge)
         return Reused(template, task_id, now)
 
-    def _adopt(self, view: View) -> tuple[View, Any, dict[tuple[Any, ...], Template]]:
+    def reuse_outcome(self, view: View, key: tuple[Any, ...], feature_key: tuple[Any, ...],
+                      task_id: str, now: float) -> Reused | None:
+        """On a miss with a model: the kept decision of an earlier task that got the same
+        prediction (the forests walked over ``feature_key``, as the predict stage would),
+        now kept under ``key`` too; None if there is none."""
+        state = self._state
+        if state[0] is not view:
+            return None  # reuse() adopted the view: a new one arrived meanwhile
+        model = view.sources.get(MODEL_SOURCE)
+        if model is None:
+            return None
+        p50, p90, _hit = model.compiled.predict_key(feature_key)
+        template = state[3].get((*key[:5], p50, p90))
+        if template is None:
+            return None
+        templates = state[2]
+        if len(templates) >= self.limit:
+            templates.clear()
+        templates[key] = template
+        self._charges.append(template.charge)
+        return Reused(template, task_id, now)
+
+    def _adopt(self, view: View) -> _State:
         """Move the memo to a new view: its templates stay if the view's fingerprint is
         the same as the last one's (once per view, not per publish)."""
-        _, fingerprint, templates = self._state
+        _, fingerprint, templates, outcomes = self._state
         found = view_fingerprint(view)
-        state = (view, found, templates if found == fingerprint else {})
+        state: _State = (view, found, templates, outcomes) if found == fingerprint else \
+            (view, found, {}, {})
         self._state = state
         return state
 
     def keep(self, view: View, key: tuple[Any, ...], decision: Decision) -> Reused | None:
         """Keep a decision the pipeline just made for an eligible task under ``view``;
         the decision itself as a Reused (its header built once), or None if not kept."""
+        notes = decision.notes
         if decision.reason in VISIBILITY_REASONS or \
-                any(note in VISIBILITY_REASONS for note in decision.notes):
+                (notes and not VISIBILITY_REASONS.isdisjoint(notes)):
             return None  # the guard's warning is rate-limited per publish: decide each time
         state = self._state
         if state[0] is not view:
             return None  # the view changed meanwhile
-        templates = state[2]
+        templates, outcomes = state[2], state[3]
         if len(templates) >= self.limit:
             templates.clear()
         template = templates[key] = Template(decision, self.priority.charge_of(decision))
+        if decision.feature_key is not None and decision.prediction_source == "model":
+            if len(outcomes) >= self.limit:
+                outcomes.clear()
+            outcomes[(*key[:5], decision.predicted_runtime_s, decision.predicted_p90_s)] = \
+                template
         return Reused(template, decision.task_id, decision.decided_at)
+

@@ -115,15 +115,17 @@ def assert_same(on: Any, off: Any, messages: list[Any]) -> int:
     """Publish ``messages`` through both apps; everything equal but the time. Returns how
     many decisions the memo app reused."""
     reused = 0
-    original = on.aitp.memo.reuse
+    memo = on.aitp.memo
 
-    def counting(*args: Any) -> Any:
-        nonlocal reused
-        found = original(*args)
-        reused += found is not None
-        return found
+    def counting(original: Any) -> Any:
+        def count(*args: Any) -> Any:
+            nonlocal reused
+            found = original(*args)
+            reused += found is not None
+            return found
+        return count
 
-    on.aitp.memo.reuse = counting
+    memo.reuse, memo.reuse_outcome = counting(memo.reuse), counting(memo.reuse_outcome)
     for i, message in enumerate(messages):
         a, b = publish(on, i, *message), publish(off, i, *message)
         header_a, header_b = read_header(a["headers"]["aitp"]), read_header(b["headers"]["aitp"])
@@ -168,15 +170,20 @@ def test_in_coexistence_and_with_no_live_worker_too(pair, store) -> None:
     assert assert_same(on, off, workload(100)) > 0
 
 
-def test_in_the_split_stage_the_arm_is_part_of_the_key(pair, store) -> None:
+@pytest.mark.parametrize("with_model", [False, True])
+def test_in_the_split_stage_the_arm_is_part_of_the_key(pair, store, with_model,
+                                                      request) -> None:
     on, off = pair
     make_live(store, *LIVE)
+    if with_model:  # the outcome key holds the arm too
+        ModelStore(store).promote(request.getfixturevalue("trained").bundle)
     store.write_stage({"stage": "split", "split": {"percent": 50, "tenants": ["acme",
                                                                              "initech"]}},
                       who="test")
     refresh(on, off)
     messages = workload(200)
-    assert assert_same(on, off, messages + messages[:50]) >= 100
+    # every repeat, plus shared keys (at cold start) or shared predictions (with a model)
+    assert assert_same(on, off, messages + messages[:50]) >= (55 if with_model else 100)
     reasons = {name.rsplit(":", 1)[1] for name in on.aitp.counters.totals
                if name.startswith("decisions:split:")}
     assert {"routed", "split_standard_arm"} <= reasons  # both arms, each reused right
@@ -293,10 +300,13 @@ def test_at_cold_start_new_history_is_used_at_once(pair, store) -> None:
     assert read_header(publish(on, 1, *args)["headers"]["aitp"])["predicted_runtime_s"] == 2.0
 
 
-def test_a_tenant_over_its_share_is_demoted_at_once_and_the_others_keep_theirs(pair,
-                                                                              store) -> None:
+@pytest.mark.parametrize("with_model", [False, True])
+def test_a_tenant_over_its_share_is_demoted_at_once_and_the_others_keep_theirs(
+        pair, store, with_model, request) -> None:
     on, off = pair
     make_live(store, *LIVE)
+    if with_model:  # the outcome key holds the demotion too
+        ModelStore(store).promote(request.getfixturevalue("trained").bundle)
     refresh(on, off)
     messages = [("mail.send", (), {}, {"aitp_tenant": t}) for t in ("acme", "initech")]
     messages += [("mail.send", (), {}, {})]  # the default tenant
@@ -310,3 +320,39 @@ def test_a_tenant_over_its_share_is_demoted_at_once_and_the_others_keep_theirs(p
     assert "acme" in on.aitp.live.current().sources["usage"].demoted
     assert assert_same(on, off, messages) == 2  # initech and default reused; acme decided
     assert len(on.aitp.memo) == kept + 1
+    # new arguments: new cache keys, so with a model the outcome key decides (demoted)
+    assert_same(on, off, [("mail.send", (1,), {}, {"aitp_tenant": t}) for t in ("acme", "initech")])
+
+
+def test_a_new_cache_key_with_a_known_prediction_reuses_that_decision(pair, store,
+                                                                        trained) -> None:
+    """The outcome key: two tasks whose arguments differ but lead to the same leaves of
+    every tree get one decision, and it is the one the pipeline makes for each."""
+    on, off = pair
+    make_live(store, *LIVE)
+    ModelStore(store).promote(trained.bundle)
+    refresh(on, off)
+    model = on.aitp.live.current().sources[MODEL_SOURCE]
+    compiled = model.compiled
+    by_outcome: dict[tuple[float, float], list[Any]] = {}
+    for message in workload(400):
+        task, args, kwargs, headers = message
+        if headers.get("aitp_tenant") != "acme":
+            continue
+        key = model.request_key(task, "acme", args, kwargs, None, None, None, 0, 1.7e9, None)
+        p50, p90, _ = compiled.predict_key(key)
+        by_outcome.setdefault((task, p50, p90), []).append((key, message))
+    pairs = [found for found in by_outcome.values() if len({k for k, _ in found}) > 1]
+    assert pairs, "the workload has no two cache keys with one prediction"
+    messages = [m for found in pairs for _, m in found[:2]]
+    runs = []
+    original = Pipeline.decide
+
+    def counting(self: Pipeline, *args: Any, **kwargs: Any) -> Decision:
+        runs.append(1)
+        return original(self, *args, **kwargs)
+
+    on.aitp.pipeline.decide = counting.__get__(on.aitp.pipeline)
+    assert_same(on, off, messages)
+    assert len(runs) < len(messages)  # the second of a pair was not decided again
+    assert len(on.aitp.memo) == len(messages)  # ... but it is kept under its own key
