@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from kombu import Queue
@@ -49,6 +49,27 @@ DECLARABLE = frozenset(
 )
 #: Explicit tier-queue publishes that go to the default queue instead.
 _TO_DEFAULT = frozenset({"explicit_queue_dead", "explicit_queue_standard"})
+
+
+def explicit_queue_fallback(decision: Decision, tier_queue: bool, live: bool) -> None:
+    """Turn the pipeline's decision for a task someone routed into Celery's route, and
+    say why: its own queue; or, for a tier queue (``tier_queue``), the default queue
+    when no live worker serves it (``live``) or the stage does not route the task now
+    (rolled back, or the split's other arm)."""
+    gated = decision.reason in GATED_REASONS
+    decision.fall_back("explicit_queue")
+    if tier_queue:
+        if not live:
+            decision.reason = "explicit_queue_dead"
+        elif gated:
+            decision.reason = "explicit_queue_standard"
+
+
+#: The fallback for each (tier queue, live) pair, made once.
+_EXPLICIT_FALLBACKS = {
+    (tier, live): partial(explicit_queue_fallback, tier_queue=tier, live=live)
+    for tier in (False, True) for live in (False, True)
+}
 _REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "socket://", "unix://")
 
 
@@ -266,21 +287,22 @@ class Middleware:
         layout = self.layout  # resolved once; a failure here is a decision failure
         request = self._request(name, message, options, auto, now)
         view = self.live.current()
+        memo = self.memo
         if auto:
-            memo = self.memo
             if memo is not None:
                 return memo.decide(request, view)
             return self.pipeline.decide(request, view, now)
-        decision = self.pipeline.decide(request, view, now)
-        gated = decision.reason in GATED_REASONS
-        decision.fall_back("explicit_queue")
+        # Someone routed it: it keeps its queue, and the decision says why. A tier queue
+        # named explicitly is almost always a retry staying put.
         explicit = request.explicit_queue
-        if explicit and self._is_tier_destination(explicit):
-            # A tier queue named explicitly is almost always a retry staying put.
-            if not self.physical_is_live(layout.physical(explicit), view.live_queues):
-                decision.reason = "explicit_queue_dead"
-            elif gated:  # the stage does not route this task now (rolled back, or
-                decision.reason = "explicit_queue_standard"  # the other arm)
+        tier = bool(explicit) and self._is_tier_destination(explicit or "")
+        live = tier and self.physical_is_live(layout.physical(explicit or ""),
+                                              view.live_queues)
+        finish = _EXPLICIT_FALLBACKS[tier, live]
+        if memo is not None:
+            return memo.decide(request, view, (tier, live), finish)
+        decision = self.pipeline.decide(request, view, now)
+        finish(decision)
         return decision
 
     def _request(self, name: str, message: Any, options: dict[str, Any], auto: bool,
@@ -347,6 +369,8 @@ class Middleware:
             counters.incr(note)
         if template.routed:
             self._send_to_tier(options, template.queue)
+        else:
+            self._route_fallback(options, template.reason)
 
     def _apply(self, decision: Decision, options: dict[str, Any], auto: bool) -> None:
         self._headers(options, decision.task)["aitp"] = decision.header()
@@ -360,13 +384,19 @@ class Middleware:
             counters.incr(note)
         if decision.routed:
             self._send_to_tier(options, decision.queue or "")
-        elif decision.reason in _TO_DEFAULT:
+        else:
+            self._route_fallback(options, decision.reason)
+
+    def _route_fallback(self, options: dict[str, Any], reason: str) -> None:
+        """Where a task the middleware does not route goes, by the decision's reason:
+        Celery's route as it is, the default queue, or the visibility guard's queue."""
+        if reason in _TO_DEFAULT:
             options["queue"] = self.default_queue
             _drop_destination(options)
-        elif decision.reason in VISIBILITY_REASONS:
+        elif reason in VISIBILITY_REASONS:
             options["queue"] = self._visibility_queue
             _drop_destination(options)
-        elif decision.reason == "explicit_queue":
+        elif reason == "explicit_queue":
             explicit = _queue_name(options.get("queue"))
             if explicit and self._is_tier_destination(explicit):
                 # e.g. a retry (Celery re-sends it to the queue it came from): declare it

@@ -4,7 +4,6 @@ Between two refreshes of the live view (one a second by default) every stage is 
 function of the task name, the tenant (and the note its resolution counts), the model's
 cache key and the view, for a task that
 
-* nobody routed (no ``queue=``, no ``task_routes`` match),
 * is published for the first time (a retry's age comes from the running task),
 * has no ETA (the visibility guard compares it with the clock),
 * carries no ``aitp_labels`` header (read per publish by the priority stage),
@@ -19,12 +18,17 @@ a :class:`Reused` (the template, its own id and time) instead of the profile, pr
 route and gate stages, a Decision and its record encoding: the same header, record,
 counters and route at a fraction of the cost.
 
+A task someone routed (``queue=``, a ``task_routes`` match) keeps its queue; its
+decision is the pipeline's with the explicit-queue fallback applied, which depends only
+on whether that queue is a tier queue and, if so, whether a live worker serves it. Those
+two facts are the key's *variant* (None for a task nobody routed).
+
 With a model, the stages after ``predict`` read the model's cache key only through the
 prediction (p50, p90) it leads to, and many keys lead to the same one (a forest has
 finitely many leaves). So a template is also kept by its *outcome key*, the memo key
 with the prediction in place of the cache key: a task whose cache key is new walks the
-forests (no more) and, if an earlier task of the same task, tenant, note, demotion and
-arm got the same prediction, reuses that decision too.
+forests (no more) and, if an earlier task of the same task, tenant, note, demotion,
+arm and variant got the same prediction, reuses that decision too.
 
 No decision outlives the state it was made on: the memo belongs to one view, and a new
 view keeps it only if everything the stages read from a view is unchanged
@@ -40,6 +44,7 @@ does not use the memo.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from celery_aitp.policy import Stage
@@ -102,8 +107,8 @@ class _Same:
 class Template:
     """One decision, kept to be handed out again with another id and time."""
 
-    __slots__ = ("task", "header_prefix", "counter", "notes", "routed", "queue", "charge",
-                 "_decision", "_json")
+    __slots__ = ("task", "header_prefix", "counter", "notes", "routed", "queue", "reason",
+                 "charge", "_decision", "_json")
 
     def __init__(self, decision: Decision, charge: tuple[str, str, float]) -> None:
         self.task = decision.task
@@ -112,6 +117,7 @@ class Template:
         self.notes = tuple(decision.notes)
         self.routed = decision.routed
         self.queue = decision.queue or ""
+        self.reason = decision.reason
         self.charge = charge
         self._decision: Decision | None = decision
         self._json: tuple[str, str] | None = None
@@ -173,8 +179,8 @@ _State = tuple[View | None, Any, dict[tuple[Any, ...], Template],
 
 
 class DecisionMemo:
-    """Templates by (task, tenant, tenant note, demoted, split arm, model cache key),
-    for one view at a time."""
+    """Templates by (task, tenant, tenant note, demoted, split arm, variant, model cache
+    key), for one view at a time."""
 
     def __init__(self, pipeline: Pipeline, limit: int = MEMO_LIMIT) -> None:
         self.pipeline = pipeline
@@ -210,12 +216,21 @@ class DecisionMemo:
             return None
         return cls(pipeline)
 
-    def decide(self, request: Request, view: View) -> Decision | Reused:
-        """The decision for a task nobody routed: reused if an equal one is kept, else
-        made by the pipeline (and kept, if the task is eligible)."""
-        key = self.key(request, view)
+    def decide(self, request: Request, view: View, variant: Any = None,
+               finish: Callable[[Decision], None] | None = None) -> Decision | Reused:
+        """The decision for a task: reused if an equal one is kept, else made by the
+        pipeline (and kept, if the task is eligible).
+
+        ``finish`` adjusts what the pipeline made (the explicit-queue fallback, say)
+        before it is kept; ``variant`` (hashable) is all ``finish`` depends on besides
+        the decision, and is part of the key.
+        """
+        key = self.key(request, view, variant)
         if key is None:
-            return self.pipeline.decide(request, view, request.published_at)
+            decision = self.pipeline.decide(request, view, request.published_at)
+            if finish is not None:
+                finish(decision)
+            return decision
         now = request.published_at
         found = self.reuse(view, key, request.task_id, now)
         if found is not None:
@@ -226,12 +241,15 @@ class DecisionMemo:
             if found is not None:
                 return found
         decision = self.pipeline.decide(request, view, now, feature_key)
+        if finish is not None:
+            finish(decision)
         kept = self.keep(view, key, decision)
         return decision if kept is None else kept
 
-    def key(self, request: Request, view: View) -> tuple[Any, ...] | None:
-        """The memo key of a task nobody routed, computed as the tenant, features and
-        gate stages would; None if the task or the view rules the memo out."""
+    def key(self, request: Request, view: View, variant: Any = None
+            ) -> tuple[Any, ...] | None:
+        """The memo key of a task, computed as the tenant, features and gate stages
+        would; None if the task or the view rules the memo out."""
         if request.retries or request.eta is not None:
             return None
         headers = request.headers
@@ -262,12 +280,12 @@ class DecisionMemo:
         demoted = usage is not None and tenant in usage.demoted
         model = sources.get(MODEL_SOURCE)
         if model is None:  # cold start: the estimate depends on (tenant, task) only
-            return (task, tenant, note, demoted, arm)
+            return (task, tenant, note, demoted, arm, variant)
         request_key = model.request_key
         if request_key is None:
             return None
         history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features.get((tenant, task))
-        return (task, tenant, note, demoted, arm, request_key(
+        return (task, tenant, note, demoted, arm, variant, request_key(
             task, tenant, request.args, kwargs, request.args_bytes, request.kwargs_bytes,
             request.declared.get("runtime_hint_s"), 0, request.published_at, history))
 
@@ -282,7 +300,7 @@ class DecisionMemo:
     def feature_key(key: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The model's cache key inside a memo key (None at cold start), so the features
         stage need not compute it again on a miss."""
-        return key[5] if len(key) > 5 else None
+        return key[6] if len(key) > 6 else None
 
     def reuse(self, view: View, key: tuple[Any, ...], task_id: str, now: float
               ) -> Reused | None:
@@ -309,7 +327,7 @@ class DecisionMemo:
         if model is None:
             return None
         p50, p90, _hit = model.compiled.predict_key(feature_key)
-        template = state[3].get((*key[:5], p50, p90))
+        template = state[3].get((*key[:6], p50, p90))
         if template is None:
             return None
         templates = state[2]
@@ -346,7 +364,7 @@ class DecisionMemo:
         if decision.feature_key is not None and decision.prediction_source == "model":
             if len(outcomes) >= self.limit:
                 outcomes.clear()
-            outcomes[(*key[:5], decision.predicted_runtime_s, decision.predicted_p90_s)] = \
+            outcomes[(*key[:6], decision.predicted_runtime_s, decision.predicted_p90_s)] = \
                 template
         return Reused(template, decision.task_id, decision.decided_at)
 

@@ -89,9 +89,15 @@ def workload(n: int, seed: int = 7) -> list[tuple[str, tuple[Any, ...], dict[str
 
 
 def publish(app: Any, i: int, task: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-            headers: dict[str, Any], **extra: Any) -> dict[str, Any]:
+            headers: dict[str, Any], queue: str | None = None, **extra: Any
+            ) -> dict[str, Any]:
+    """``queue``: a queue the caller (or ``task_routes``) chose; None: nobody routed."""
     message = app.amqp.as_task_v2(f"id-{i}", task, args=args, kwargs=kwargs, **extra)
-    options = {"headers": dict(headers), AUTO_ROUTE: True}
+    options: dict[str, Any] = {"headers": dict(headers)}
+    if queue is None:
+        options[AUTO_ROUTE] = True
+    else:
+        options["queue"] = queue
     return app.aitp.on_publish(task, message, options)
 
 
@@ -111,9 +117,9 @@ def charges(app: Any) -> list[Any]:
     return found
 
 
-def assert_same(on: Any, off: Any, messages: list[Any]) -> int:
-    """Publish ``messages`` through both apps; everything equal but the time. Returns how
-    many decisions the memo app reused."""
+def assert_same(on: Any, off: Any, messages: list[Any], queue: str | None = None) -> int:
+    """Publish ``messages`` through both apps (to ``queue``, if given); everything equal
+    but the time. Returns how many decisions the memo app reused."""
     reused = 0
     memo = on.aitp.memo
 
@@ -127,7 +133,7 @@ def assert_same(on: Any, off: Any, messages: list[Any]) -> int:
 
     memo.reuse, memo.reuse_outcome = counting(memo.reuse), counting(memo.reuse_outcome)
     for i, message in enumerate(messages):
-        a, b = publish(on, i, *message), publish(off, i, *message)
+        a, b = publish(on, i, *message, queue=queue), publish(off, i, *message, queue=queue)
         header_a, header_b = read_header(a["headers"]["aitp"]), read_header(b["headers"]["aitp"])
         assert without_time(header_a) == without_time(header_b), message
         assert header_a["decided_at"] > 0
@@ -189,12 +195,13 @@ def test_in_the_split_stage_the_arm_is_part_of_the_key(pair, store, with_model,
     assert {"routed", "split_standard_arm"} <= reasons  # both arms, each reused right
 
 
-@pytest.mark.parametrize("case", ["retry", "eta", "labels", "split by tier", "explicit queue"])
+@pytest.mark.parametrize("case", ["retry", "eta", "labels", "split by tier",
+                                  "explicit queue, split by tier"])
 def test_tasks_the_memo_cannot_vouch_for_run_the_pipeline(pair, store, case,
                                                           monkeypatch) -> None:
     on, off = pair
     make_live(store, *LIVE)
-    if case == "split by tier":  # the arm would hang on the decision's tier
+    if "split by tier" in case:  # the arm would hang on the decision's tier
         store.write_stage({"stage": "split", "split": {"percent": 50, "tiers": ["lo"]}},
                           who="test")
     refresh(on, off)
@@ -216,7 +223,7 @@ def test_tasks_the_memo_cannot_vouch_for_run_the_pipeline(pair, store, case,
     elif case == "labels":
         headers["aitp_labels"] = "vip"
     for i in range(3):
-        if case == "explicit queue":
+        if case.startswith("explicit queue"):
             message = on.amqp.as_task_v2(f"id-{i}", task, args=args, kwargs=kwargs)
             options = on.aitp.on_publish(task, message, {"queue": "mine", "headers": headers})
             assert options["queue"] == "mine"
@@ -356,3 +363,35 @@ def test_a_new_cache_key_with_a_known_prediction_reuses_that_decision(pair, stor
     assert_same(on, off, messages)
     assert len(runs) < len(messages)  # the second of a pair was not decided again
     assert len(on.aitp.memo) == len(messages)  # ... but it is kept under its own key
+
+
+@pytest.mark.parametrize("with_model", [False, True])
+@pytest.mark.parametrize("stage", ["takeover", "split", "coexistence"])
+def test_a_task_someone_routed_keeps_its_queue_and_reuses_its_decision(
+        pair, store, stage, with_model, request) -> None:
+    """``queue=`` (or ``task_routes``): another queue, a live tier queue, and a tier
+    queue no live worker serves (globex's), in each stage and mixed with tasks nobody
+    routed: the explicit-queue fallback's decisions are kept by (tier queue, live), and
+    equal the pipeline's."""
+    on, off = pair
+    make_live(store, *LIVE, stage=stage)
+    if stage == "split":  # both arms: the standard one sends a tier queue to the default
+        store.write_stage({"stage": "split", "split": {"percent": 50}}, who="test")
+    if with_model:
+        ModelStore(store).promote(request.getfixturevalue("trained").bundle)
+    refresh(on, off)
+    messages = workload(100)
+    queues = [None, "mine", "aitp.acme.cpu.hi", "aitp.globex.cpu.hi"]
+    for turn, queue in enumerate(queues + queues[::-1]):
+        before = on.aitp.counters.totals
+        reused = assert_same(on, off, messages, queue=queue)
+        assert turn < len(queues) or reused == len(messages)  # the second round: all kept
+        reasons = {name.rsplit(":", 1)[1] for name in on.aitp.counters.totals - before
+                   if name.startswith("decisions:")}
+        # a live tier queue goes to the default queue where the stage would not route
+        # the task (gated); tasks of a tenant no worker serves were not gated: they stay
+        expected = {"explicit_queue"} if queue == "mine" else \
+            {"explicit_queue_dead"} if queue and "globex" in queue else \
+            {"explicit_queue"} if queue and stage == "takeover" else \
+            {"explicit_queue", "explicit_queue_standard"} if queue else None
+        assert expected is None or reasons == expected, queue
