@@ -129,6 +129,7 @@ def compile_request_key(spec: FeatureSpec, compiled: CompiledRuntimeModel
     }
     parts = []
     history_parts = []
+    keyword_lines = []  # bins of keyword arguments, each absent one straight to -1
     for p, j in enumerate(used):
         name = spec.names[j]
         if name in ("task", "tenant") and j in compiled.categories:
@@ -144,8 +145,24 @@ def compile_request_key(spec: FeatureSpec, compiled: CompiledRuntimeModel
             history_parts.append(f"(lambda f{p}: {expression})(hist[{_HISTORY[name]}])")
             parts.append(f"hb[{len(history_parts)}]")
             continue
+        if j >= len(BASE_FEATURES):  # None reads as NaN, whose bin is -1
+            keyword = spec.kwarg_names[j - len(BASE_FEATURES)]
+            keyword_lines += [
+                f"        f{p} = kwargs.get({keyword!r})",
+                f"        if f{p} is None:",
+                f"            k{p} = -1",
+                "        else:",
+                f"            f{p} = {_number(f'f{p}')}",
+                f"            k{p} = {expression}",
+            ]
+            parts.append(f"k{p}")
+            continue
         lines.append(f"    f{p} = {_raw(j, spec)}")
         parts.append(expression)
+    if keyword_lines:  # many tasks take no keyword arguments: all -1 at once
+        names_k = [part for part in parts if part.startswith("k")]
+        lines += ["    if kwargs:", *keyword_lines, "    else:",
+                  f"        {' = '.join(names_k)} = -1"]
     if history_used:
         namespace["_history_bins"] = _history_binner(history_parts, namespace)
     lines.append(f"    return ({', '.join(parts)}{',' if len(parts) == 1 else ''})")
