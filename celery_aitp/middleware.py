@@ -49,6 +49,7 @@ DECLARABLE = frozenset(
 )
 #: Explicit tier-queue publishes that go to the default queue instead.
 _TO_DEFAULT = frozenset({"explicit_queue_dead", "explicit_queue_standard"})
+_REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "socket://", "unix://")
 
 
 def explicit_queue_fallback(decision: Decision, tier_queue: bool, live: bool) -> None:
@@ -70,7 +71,6 @@ _EXPLICIT_FALLBACKS = {
     (tier, live): partial(explicit_queue_fallback, tier_queue=tier, live=live)
     for tier in (False, True) for live in (False, True)
 }
-_REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "socket://", "unix://")
 
 
 def store_url_for(settings: Settings, broker_url: str | None) -> str:
