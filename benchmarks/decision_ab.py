@@ -8,8 +8,8 @@ every 50 messages (the order flips every round). Prints, per version, the
 reused path's p50 and the steady state's p50 and p99 (as ``decision_latency.py``
 defines them), medians over rounds.
 
-    git worktree add /tmp/before <commit>
-    python benchmarks/decision_ab.py /tmp/before --rounds 10
+    git worktree add ../before <commit>
+    python benchmarks/decision_ab.py ../before --rounds 10
 
 Environment: AITP_BENCH_REDIS_URL (the store; each app uses its own key prefix).
 """
