@@ -2,11 +2,11 @@
 
 The machine's speed moves in bursts (up to 2x within seconds), so two runs of
 ``decision_latency.py`` minutes apart cannot tell a 10% change from the weather. This
-loads the other checkout's ``celery_aitp`` first, sets it aside under another name, then
-loads this one: two apps, one per version, publish the same messages, taking turns
-every 50 messages (the order flips every round). Prints, per version, the
-reused path's p50 and the steady state's p50 and p99 (as ``decision_latency.py``
-defines them), medians over rounds.
+loads the other checkout's ``celery_aitp`` first and keeps it out of ``sys.modules``
+except while its app is set up, then loads this one: two apps, one per version, publish
+the same messages, taking turns every 50 messages (the order flips every round). Prints,
+per version, the reused path's p50 and the steady state's p50 and p99 (as
+``decision_latency.py`` defines them), medians over rounds.
 
     git worktree add ../before <commit>
     python benchmarks/decision_ab.py ../before --rounds 10
@@ -20,6 +20,8 @@ import argparse
 import gc
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -28,38 +30,41 @@ HERE = Path(__file__).resolve().parent
 PATHS = ("reused p50", "steady p50", "steady p99")
 
 
-def _noop(*args: Any, **kwargs: Any) -> None:
-    return None
+def _ours(name: str) -> bool:
+    return name == "celery_aitp" or name.startswith("celery_aitp.")
 
 
-def load_other(root: Path) -> ModuleType:
-    """The other checkout's package, fully imported, then moved out of the way."""
-    sys.path.insert(0, str(root))
-    import celery_aitp as other
+class OtherVersion:
+    """Another checkout's ``celery_aitp``, imported, then kept out of ``sys.modules``.
 
-    if not Path(other.__file__ or "").resolve().is_relative_to(root.resolve()):
-        raise SystemExit(f"{root} holds no celery_aitp package")
-    for name in list(sys.modules):
-        if name == "celery_aitp" or name.startswith("celery_aitp."):
-            sys.modules[f"_other.{name}"] = sys.modules.pop(name)
-    sys.path.remove(str(root))
-    return other
+    Its functions import some modules lazily (``install`` does), and such an import finds
+    whichever ``celery_aitp`` is in ``sys.modules`` at call time: so its app is set up
+    inside :meth:`active`, which puts its modules back meanwhile. The publish path does
+    no lazy import, so it is timed outside.
+    """
 
+    def __init__(self, root: Path) -> None:
+        sys.path.insert(0, str(root))
+        try:
+            import celery_aitp as package
+        finally:
+            sys.path.remove(str(root))
+        if not Path(package.__file__ or "").resolve().is_relative_to(root.resolve()):
+            raise SystemExit(f"{root} holds no celery_aitp package")
+        self.package: ModuleType = package
+        self.modules = {name: sys.modules.pop(name) for name in list(sys.modules)
+                        if _ours(name)}
 
-def make_app(package: ModuleType, run: str, url: str, policy: Any) -> Any:
-    from celery import Celery
-
-    app = Celery(f"ab-{run}", broker="memory://")
-    app.conf.task_default_queue = f"bench-{run}"
-    package.install(app, policy=policy, store_url=url, key_prefix=f"bench-{run}",
-                    refresh_interval_s=1.0)
-    for name in ("media.resize", "reports.build", "ml.fit", "etl.batch", "mail.send",
-                 "geo.route"):
-        app.task(name=name, shared=False)(_noop)
-    # everything the publish path builds lazily, built now (before the swap of modules)
-    mw = app.aitp
-    _ = mw.pipeline, mw.memo, mw.live, mw.layout, mw.decision_log, mw._decision_records
-    return app
+    @contextmanager
+    def active(self) -> Iterator[ModuleType]:
+        mine = {name: sys.modules.pop(name) for name in list(sys.modules) if _ours(name)}
+        sys.modules.update(self.modules)
+        try:
+            yield self.package
+        finally:
+            for name in [name for name in sys.modules if _ours(name)]:
+                self.modules[name] = sys.modules.pop(name)
+            sys.modules.update(mine)
 
 
 def main() -> None:
@@ -68,52 +73,54 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
 
-    other = load_other(args.other)
+    other = OtherVersion(args.other)
     sys.path.insert(0, str(HERE))
     import common
     import decision_latency as dl
 
-    import celery_aitp
     from celery_aitp.predict.model_source import MODEL_SOURCE
     from celery_aitp.queues import all_tier_queues
 
-    runs = {"other": common.tag() + "o", "this": common.tag() + "t"}
-    apps = {"other": make_app(other, runs["other"], common.REDIS_URL,
-                              common.policy_for(runs["other"], "takeover")),
-            "this": make_app(celery_aitp, runs["this"], common.REDIS_URL,
-                             common.policy_for(runs["this"], "takeover"))}
     print("training the benchmark model ...", file=sys.stderr)
     bundle = common.trained(common.workload(6000, "ab", seed=3)).bundle
+    runs = {"other": common.tag() + "o", "this": common.tag() + "t"}
+    apps: dict[str, Any] = {}
     data: dict[str, dict[str, Any]] = {}
-    results: dict[str, dict[str, list[float]]] = {k: {p: [] for p in PATHS} for k in apps}
+    results: dict[str, dict[str, list[float]]] = {k: {p: [] for p in PATHS} for k in runs}
+
+    def set_up(label: str, package: ModuleType) -> None:
+        run = runs[label]
+        app = apps[label] = dl.make_app(run, common.REDIS_URL, package=package)
+        tenants = list(common.tenants_for(run).values())
+        app.aitp.store.advertise("bench-worker@localhost", all_tier_queues(
+            tenants, ("cpu", "gpu"), ("hi", "mid", "lo")), {}, ttl_s=3600)
+        app.aitp.store.write_stage({"stage": "takeover", "split": {}}, who="benchmark")
+        common.install_model(app.aitp, bundle, common.workload(6000, run, seed=3))
+        data[label] = {
+            "batch": dl.messages(app, common.workload(2000, run, seed=21, compact=False)),
+            "warm": dl.messages(app, common.workload(20000, run, seed=5, compact=False)),
+            "new": dl.messages(app, common.workload(2000, run, seed=6, compact=False)),
+        }
+        app.aitp.live._stop.set()  # no refresh from here on
+
     try:
-        for label, app in apps.items():
-            run = runs[label]
-            tenants = list(common.tenants_for(run).values())
-            app.aitp.store.advertise("bench-worker@localhost", all_tier_queues(
-                tenants, ("cpu", "gpu"), ("hi", "mid", "lo")), {}, ttl_s=3600)
-            app.aitp.store.write_stage({"stage": "takeover", "split": {}}, who="benchmark")
-            common.install_model(app.aitp, bundle, common.workload(6000, run, seed=3))
-            data[label] = {
-                "batch": dl.messages(app, common.workload(2000, run, seed=21, compact=False)),
-                "warm": dl.messages(app, common.workload(20000, run, seed=5, compact=False)),
-                "new": dl.messages(app, common.workload(2000, run, seed=6, compact=False)),
-            }
-            app.aitp.live._stop.set()  # no refresh from here on
+        with other.active() as package:
+            set_up("other", package)
+        set_up("this", dl.celery_aitp)
         for r in range(args.rounds):
             order = ("other", "this") if r % 2 == 0 else ("this", "other")
             mws = {label: apps[label].aitp for label in order}
             for label, mw in mws.items():  # fill the memo, then time reused decisions
-                ship(mw)
+                dl.ship(mw)
                 dl.timings(mw.on_publish, data[label]["batch"], repeat=1)
-                ship(mw)
+                dl.ship(mw)
             reused = interleaved(mws, {k: d["batch"] * 2 for k, d in data.items()})
             for label, mw in mws.items():  # steady state: warm caches, then new messages
                 mw.memo.clear()
                 mw.live.current().sources[MODEL_SOURCE].compiled.cache.clear()
-                ship(mw)
+                dl.ship(mw)
                 dl.timings(mw.on_publish, data[label]["warm"], repeat=1)
-                ship(mw)
+                dl.ship(mw)
             gc.collect()
             steady = interleaved(mws, {k: d["new"] for k, d in data.items()})
             for label in order:
@@ -153,13 +160,6 @@ def interleaved(mws: dict[str, Any], batches: dict[str, list[Any]], size: int = 
                 publish(name, message, opts)
                 times.append((clock() - begin) / 1000.0)
     return out
-
-
-def ship(mw: Any) -> None:
-    """Drop what the (stopped) refresher would ship, outside the timed part."""
-    for buffer in mw.live.buffers.values():
-        buffer.take(limit=len(buffer))
-    mw.counters.drain()
 
 
 if __name__ == "__main__":

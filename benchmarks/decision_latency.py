@@ -46,14 +46,24 @@ def _noop(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def make_app(run: str, store_url: str, stage: str = "takeover") -> Any:
+def make_app(run: str, store_url: str, stage: str = "takeover", package: Any = celery_aitp
+             ) -> Any:
+    """A benchmark app with ``package``'s middleware (another version: decision_ab.py)."""
     app = Celery(f"latency-{run}", broker="memory://")
     app.conf.task_default_queue = f"bench-{run}"
-    celery_aitp.install(app, policy=common.policy_for(run, stage), store_url=store_url,
-                        key_prefix=f"bench-{run}", refresh_interval_s=1.0)
+    package.install(app, policy=common.policy_for(run, stage), store_url=store_url,
+                    key_prefix=f"bench-{run}", refresh_interval_s=1.0)
     for name in TASKS:
         app.task(name=name, shared=False)(_noop)
     return app
+
+
+def ship(mw: Any) -> None:
+    """What the refresher would ship (stopped here, so every round sees one state): drop
+    the buffered records and counters outside the timed part."""
+    for buffer in mw.live.buffers.values():
+        buffer.take(limit=len(buffer))
+    mw.counters.drain()
 
 
 def messages(app: Any, records: list[dict[str, Any]]) -> list[tuple[str, Any, dict[str, Any]]]:
@@ -117,12 +127,8 @@ class Paths:
         self.model.compiled.cache.clear()
 
     def ship(self) -> None:
-        """What the refresher would ship (stopped here, so every round sees one state):
-        drop the buffered records and counters outside the timed part."""
         for mw in (self.mw, self.cold, self.fresh):
-            for buffer in mw.live.buffers.values():
-                buffer.take(limit=len(buffer))
-            mw.counters.drain()
+            ship(mw)
 
     def timed(self, *args: Any, **kwargs: Any) -> list[float]:
         self.ship()

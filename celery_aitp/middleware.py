@@ -295,9 +295,10 @@ class Middleware:
         # Someone routed it: it keeps its queue, and the decision says why. A tier queue
         # named explicitly is almost always a retry staying put.
         explicit = request.explicit_queue
-        tier = bool(explicit) and self._is_tier_destination(explicit or "")
-        live = tier and self.physical_is_live(layout.physical(explicit or ""),
-                                              view.live_queues)
+        tier = live = False
+        if explicit and self._is_tier_destination(explicit):
+            tier = True
+            live = self.physical_is_live(layout.physical(explicit), view.live_queues)
         finish = _EXPLICIT_FALLBACKS[tier, live]
         if memo is not None:
             return memo.decide(request, view, (tier, live), finish)

@@ -130,6 +130,7 @@ def compile_request_key(spec: FeatureSpec, compiled: CompiledRuntimeModel
     parts = []
     history_parts = []
     keyword_lines = []  # bins of keyword arguments, each absent one straight to -1
+    keyword_bins = []
     for p, j in enumerate(used):
         name = spec.names[j]
         if name in ("task", "tenant") and j in compiled.categories:
@@ -155,14 +156,14 @@ def compile_request_key(spec: FeatureSpec, compiled: CompiledRuntimeModel
                 f"            f{p} = {_number(f'f{p}')}",
                 f"            k{p} = {expression}",
             ]
+            keyword_bins.append(f"k{p}")
             parts.append(f"k{p}")
             continue
         lines.append(f"    f{p} = {_raw(j, spec)}")
         parts.append(expression)
-    if keyword_lines:  # many tasks take no keyword arguments: all -1 at once
-        names_k = [part for part in parts if part.startswith("k")]
+    if keyword_bins:  # many tasks take no keyword arguments: all -1 at once
         lines += ["    if kwargs:", *keyword_lines, "    else:",
-                  f"        {' = '.join(names_k)} = -1"]
+                  f"        {' = '.join(keyword_bins)} = -1"]
     if history_used:
         namespace["_history_bins"] = _history_binner(history_parts, namespace)
     lines.append(f"    return ({', '.join(parts)}{',' if len(parts) == 1 else ''})")

@@ -66,6 +66,9 @@ PURE_STAGES = (TenantStage, FeatureStage, PredictStage, ProfileStage, PrioritySt
                RouteStage, GateStage, VisibilityStage)
 #: Templates kept before the memo starts over (about a kilobyte each).
 MEMO_LIMIT = 10_000
+#: Where the model's cache key sits in a memo key, (task, tenant, note, demoted, arm,
+#: variant, cache key); what precedes it starts the outcome key too.
+_CACHE_KEY_AT = 6
 
 
 def view_fingerprint(view: View) -> tuple[Any, ...]:
@@ -300,7 +303,13 @@ class DecisionMemo:
     def feature_key(key: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The model's cache key inside a memo key (None at cold start), so the features
         stage need not compute it again on a miss."""
-        return key[6] if len(key) > 6 else None
+        return key[_CACHE_KEY_AT] if len(key) > _CACHE_KEY_AT else None
+
+    @staticmethod
+    def outcome_key(key: tuple[Any, ...], p50: float | None, p90: float | None
+                    ) -> tuple[Any, ...]:
+        """The memo key with the prediction in place of the model's cache key."""
+        return (*key[:_CACHE_KEY_AT], p50, p90)
 
     def reuse(self, view: View, key: tuple[Any, ...], task_id: str, now: float
               ) -> Reused | None:
@@ -312,8 +321,7 @@ class DecisionMemo:
         template = state[2].get(key)
         if template is None:
             return None
-        self._charges.append(template.charge)
-        return Reused(template, task_id, now)
+        return self._hand_out(template, task_id, now)
 
     def reuse_outcome(self, view: View, key: tuple[Any, ...], feature_key: tuple[Any, ...],
                       task_id: str, now: float) -> Reused | None:
@@ -327,13 +335,14 @@ class DecisionMemo:
         if model is None:
             return None
         p50, p90, _hit = model.compiled.predict_key(feature_key)
-        template = state[3].get((*key[:6], p50, p90))
+        template = state[3].get(self.outcome_key(key, p50, p90))
         if template is None:
             return None
-        templates = state[2]
-        if len(templates) >= self.limit:
-            templates.clear()
-        templates[key] = template
+        _put(state[2], key, template, self.limit)
+        return self._hand_out(template, task_id, now)
+
+    def _hand_out(self, template: Template, task_id: str, now: float) -> Reused:
+        """A kept decision for one more task, its fair-share charge made."""
         self._charges.append(template.charge)
         return Reused(template, task_id, now)
 
@@ -357,14 +366,17 @@ class DecisionMemo:
         state = self._state
         if state[0] is not view:
             return None  # the view changed meanwhile
-        templates, outcomes = state[2], state[3]
-        if len(templates) >= self.limit:
-            templates.clear()
-        template = templates[key] = Template(decision, self.priority.charge_of(decision))
+        template = Template(decision, self.priority.charge_of(decision))
+        _put(state[2], key, template, self.limit)
         if decision.feature_key is not None and decision.prediction_source == "model":
-            if len(outcomes) >= self.limit:
-                outcomes.clear()
-            outcomes[(*key[:6], decision.predicted_runtime_s, decision.predicted_p90_s)] = \
-                template
+            _put(state[3], self.outcome_key(key, decision.predicted_runtime_s,
+                                            decision.predicted_p90_s), template, self.limit)
         return Reused(template, decision.task_id, decision.decided_at)
 
+
+def _put(templates: dict[tuple[Any, ...], Template], key: tuple[Any, ...],
+         template: Template, limit: int) -> None:
+    """Keep ``template`` under ``key``, starting over when ``limit`` are kept."""
+    if len(templates) >= limit:
+        templates.clear()
+    templates[key] = template
