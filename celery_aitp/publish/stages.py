@@ -112,6 +112,10 @@ def split_selects(split: SplitSettings, request: Request, decision: Decision) ->
                                    decision.predicted_runtime_s, decision.predicted_p90_s)
 
 
+#: Read per publish: module globals are found faster than Enum members.
+_TAKEOVER, _COEXISTENCE = Stage.TAKEOVER, Stage.COEXISTENCE
+
+
 class GateStage:
     """Apply the migration stage: shadow routes nothing, split routes one arm, takeover all.
 
@@ -127,9 +131,9 @@ class GateStage:
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         stage = view.stage
         decision.stage = view.stage_value
-        if stage is Stage.TAKEOVER:
+        if stage is _TAKEOVER:
             return
-        if stage is Stage.COEXISTENCE:
+        if stage is _COEXISTENCE:
             if decision.routed:
                 decision.fall_back("shadow")
             return
