@@ -129,7 +129,7 @@ def assert_same(on: Any, off: Any, messages: list[Any], queue: str | None = None
         made += 1
         return decide(*args)
 
-    pipeline.decide = counting  # type: ignore[method-assign]
+    pipeline.decide = counting
     for i, message in enumerate(messages):
         a, b = publish(on, i, *message, queue=queue), publish(off, i, *message, queue=queue)
         header_a, header_b = read_header(a["headers"]["aitp"]), read_header(b["headers"]["aitp"])
