@@ -44,7 +44,7 @@ does not use the memo.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery_aitp.policy import Stage
@@ -182,6 +182,10 @@ _State = tuple[View | None, Any, dict[tuple[Any, ...], Template],
                dict[tuple[Any, ...], Template]]
 
 
+#: What the memo key reads from a view (see ``DecisionMemo._reads_of``).
+_Reads = tuple[View | None, frozenset[str], Any, Mapping[tuple[str, str], Any]]
+
+
 class DecisionMemo:
     """Templates by (task, tenant, tenant note, demoted, split arm, variant, model cache
     key), for one view at a time."""
@@ -202,6 +206,8 @@ class DecisionMemo:
         #: (view, its fingerprint, templates by memo key, the same by outcome key),
         #: swapped as one object so threads never mix two views.
         self._state: _State = (None, None, {}, {})
+        #: What ``key`` reads from the view, found once per view (see ``_reads_of``).
+        self._reads: _Reads = (None, frozenset(), None, {})
 
     def __len__(self) -> int:
         return len(self._state[2])
@@ -283,19 +289,31 @@ class DecisionMemo:
         # the split's arm, as the gate finds it (its selectors ignore tier and prediction)
         arm = None if rule is None else rule.routes(request.root_id or request.task_id,
                                                     task, tenant, None)
-        sources = view.sources
-        usage = sources.get(USAGE_SOURCE)
-        demoted = usage is not None and tenant in usage.demoted
-        model = sources.get(MODEL_SOURCE)
+        reads = self._reads
+        if reads[0] is not view:
+            reads = self._reads_of(view)
+        _, demoted_tenants, model, histories = reads
+        demoted = tenant in demoted_tenants
         if model is None:  # cold start: the estimate depends on (tenant, task) only
             return (task, tenant, note, demoted, arm, variant)
         request_key = model.request_key
         if request_key is None:
             return None
-        history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features.get((tenant, task))
         return (task, tenant, note, demoted, arm, variant, request_key(
             task, tenant, request.args, kwargs, request.args_bytes, request.kwargs_bytes,
-            request.declared.get("runtime_hint_s"), 0, request.published_at, history))
+            request.declared.get("runtime_hint_s"), 0, request.published_at,
+            histories.get((tenant, task))))
+
+    def _reads_of(self, view: View) -> _Reads:
+        """(view, the tenants above their fair share, the model, the history features
+        by (tenant, task)): the view's sources ``key`` reads, looked up once per view."""
+        sources = view.sources
+        usage = sources.get(USAGE_SOURCE)
+        reads: _Reads = (view, frozenset() if usage is None else usage.demoted,
+                         sources.get(MODEL_SOURCE),
+                         sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features)
+        self._reads = reads
+        return reads
 
     def _split_rule(self, view: View) -> SplitRule | None:
         """The view's split, compiled once; None if its selectors look at the decision."""
