@@ -267,7 +267,7 @@ class Middleware:
             logger.warning("aitp: decision failed for %s, using Celery's route: %s", name,
                            redact(repr(exc)))
         try:
-            if type(decision) is Reused:
+            if isinstance(decision, Reused):
                 self._apply_reused(decision, options)
             else:
                 self._apply(decision, options, auto)
