@@ -177,13 +177,13 @@ class Reused:
         return found
 
 
+#: What the memo key reads from a view's sources: the tenants above their fair share,
+#: the model (None at cold start), the history features by (tenant, task).
+_Reads = tuple[frozenset[str], Any, Mapping[tuple[str, str], Any]]
 #: The memo's state for one view (see ``DecisionMemo._state``).
 _State = tuple[View | None, Any, dict[tuple[Any, ...], Template],
-               dict[tuple[Any, ...], Template]]
-
-
-#: What the memo key reads from a view (see ``DecisionMemo._reads_of``).
-_Reads = tuple[View | None, frozenset[str], Any, Mapping[tuple[str, str], Any]]
+               dict[tuple[Any, ...], Template], _Reads]
+_NO_READS: _Reads = (frozenset(), None, {})
 
 
 class DecisionMemo:
@@ -203,18 +203,17 @@ class DecisionMemo:
         self._charges = priority.usage.pending  # where fair-share charges wait (a deque)
         self._rule: SplitRule | None = None
         self.limit = limit
-        #: (view, its fingerprint, templates by memo key, the same by outcome key),
-        #: swapped as one object so threads never mix two views.
-        self._state: _State = (None, None, {}, {})
-        #: What ``key`` reads from the view, found once per view (see ``_reads_of``).
-        self._reads: _Reads = (None, frozenset(), None, {})
+        #: (view, its fingerprint, templates by memo key, the same by outcome key, what
+        #: the key reads from its sources), swapped as one object so threads never mix
+        #: two views.
+        self._state: _State = (None, None, {}, {}, _NO_READS)
 
     def __len__(self) -> int:
         return len(self._state[2])
 
     def clear(self) -> None:
         """Forget every kept decision."""
-        self._state = (None, None, {}, {})
+        self._state = (None, None, {}, {}, _NO_READS)
 
     @classmethod
     def for_pipeline(cls, pipeline: Pipeline) -> DecisionMemo | None:
@@ -242,13 +241,9 @@ class DecisionMemo:
                 finish(decision)
             return decision
         now = request.published_at
-        state = self._state
-        if state[0] is not view:
-            state = self._adopt(view)
-        template = state[2].get(key)
-        if template is not None:  # reuse() inlined: most tasks end here
-            self._charges.append(template.charge)
-            return Reused(template, request.task_id, now)
+        found = self.reuse(view, key, request.task_id, now)
+        if found is not None:
+            return found
         feature_key = self.feature_key(key)
         if feature_key is not None:
             found = self.reuse_outcome(view, key, feature_key, request.task_id, now)
@@ -289,10 +284,10 @@ class DecisionMemo:
         # the split's arm, as the gate finds it (its selectors ignore tier and prediction)
         arm = None if rule is None else rule.routes(request.root_id or request.task_id,
                                                     task, tenant, None)
-        reads = self._reads
-        if reads[0] is not view:
-            reads = self._reads_of(view)
-        _, demoted_tenants, model, histories = reads
+        state = self._state
+        if state[0] is not view:
+            state = self._adopt(view)
+        demoted_tenants, model, histories = state[4]
         demoted = tenant in demoted_tenants
         if model is None:  # cold start: the estimate depends on (tenant, task) only
             return (task, tenant, note, demoted, arm, variant)
@@ -303,17 +298,6 @@ class DecisionMemo:
             task, tenant, request.args, kwargs, request.args_bytes, request.kwargs_bytes,
             request.declared.get("runtime_hint_s"), 0, request.published_at,
             histories.get((tenant, task))))
-
-    def _reads_of(self, view: View) -> _Reads:
-        """(view, the tenants above their fair share, the model, the history features
-        by (tenant, task)): the view's sources ``key`` reads, looked up once per view."""
-        sources = view.sources
-        usage = sources.get(USAGE_SOURCE)
-        reads: _Reads = (view, frozenset() if usage is None else usage.demoted,
-                         sources.get(MODEL_SOURCE),
-                         sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features)
-        self._reads = reads
-        return reads
 
     def _split_rule(self, view: View) -> SplitRule | None:
         """The view's split, compiled once; None if its selectors look at the decision."""
@@ -371,11 +355,18 @@ class DecisionMemo:
 
     def _adopt(self, view: View) -> _State:
         """Move the memo to a new view: its templates stay if the view's fingerprint is
-        the same as the last one's (once per view, not per publish)."""
-        _, fingerprint, templates, outcomes = self._state
+        the same as the last one's (once per view, not per publish), and what the key
+        reads from its sources is looked up once."""
+        _, fingerprint, templates, outcomes, _ = self._state
         found = view_fingerprint(view)
-        state: _State = (view, found, templates, outcomes) if found == fingerprint else \
-            (view, found, {}, {})
+        if found != fingerprint:
+            templates, outcomes = {}, {}
+        sources = view.sources
+        usage = sources.get(USAGE_SOURCE)
+        reads: _Reads = (frozenset() if usage is None else usage.demoted,
+                         sources.get(MODEL_SOURCE),
+                         sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features)
+        state: _State = (view, found, templates, outcomes, reads)
         self._state = state
         return state
 
