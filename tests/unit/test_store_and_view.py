@@ -67,6 +67,21 @@ def test_counters_are_shipped_and_survive_a_store_outage(store):
     assert counters.totals["x"] == 5
 
 
+def test_counts_put_back_merge_with_counts_made_meanwhile() -> None:
+    counters = Counters()
+    counters.incr("a")
+    counters.incr("a", 2)
+    counters.incr("b")
+    shipped = counters.drain()
+    assert shipped == {"a": 3, "b": 1}
+    assert counters.drain() == {}  # drained once
+    counters.incr("a")  # counted while the failed shipment was in flight
+    counters.restore(shipped)
+    assert counters.totals == {"a": 4, "b": 1}  # put back, not counted twice
+    assert counters.drain() == {"a": 4, "b": 1}
+    assert counters.totals == {"a": 4, "b": 1}
+
+
 def test_records_are_kept_for_the_next_round_when_the_store_fails(store):
     counters = Counters()
     dead = LiveView(RedisStore(connect("redis://127.0.0.1:1/0", 0.1), Keys("d")), Policy(),
