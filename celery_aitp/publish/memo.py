@@ -338,7 +338,7 @@ class DecisionMemo:
         state = self._state
         if state[0] is not view:
             return None  # reuse() adopted the view: a new one arrived meanwhile
-        model = view.sources.get(MODEL_SOURCE)
+        model = state[4][1]
         if model is None:
             return None
         p50, p90, _hit = model.compiled.predict_key(feature_key)
