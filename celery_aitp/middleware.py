@@ -22,7 +22,7 @@ from celery_aitp.layout import Layout, layout_for
 from celery_aitp.policy import Policy
 from celery_aitp.policy_history import PolicyRecorder, describe_source
 from celery_aitp.publish.hook import AUTO_ROUTE
-from celery_aitp.publish.live_view import LiveView
+from celery_aitp.publish.live_view import LiveView, View
 from celery_aitp.publish.memo import DecisionMemo, Reused
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.publish.request import Decision, Request
@@ -284,32 +284,9 @@ class Middleware:
 
     def _decide(self, name: str, message: Any, options: dict[str, Any], auto: bool,
                 now: float) -> Decision | Reused:
-        layout = self.layout  # resolved once; a failure here is a decision failure
-        request = self._request(name, message, options, auto, now)
-        view = self.live.current()
-        memo = self.memo
-        if auto:
-            if memo is not None:
-                return memo.decide(request, view)
-            return self.pipeline.decide(request, view, now)
-        # Someone routed it: it keeps its queue, and the decision says why. A tier queue
-        # named explicitly is almost always a retry staying put.
-        explicit = request.explicit_queue
-        tier = live = False
-        if explicit and self._is_tier_destination(explicit):
-            tier = True
-            live = self.physical_is_live(layout.physical(explicit), view.live_queues)
-        finish = _EXPLICIT_FALLBACKS[tier, live]
-        if memo is not None:
-            return memo.decide(request, view, (tier, live), finish)
-        decision = self.pipeline.decide(request, view, now)
-        finish(decision)
-        return decision
-
-    def _request(self, name: str, message: Any, options: dict[str, Any], auto: bool,
-                 now: float) -> Request:
-        """What the stages read, from Celery's message and the publish options (checked
-        types only: odd headers or bodies read as absent)."""
+        layout = self.layout  # resolved first: a failure here is a decision failure
+        # Celery's message and the publish options, checked types only: odd headers or
+        # bodies read as absent
         headers = options.get("headers")
         if type(headers) is not dict:
             headers = headers if isinstance(headers, Mapping) else {}
@@ -321,20 +298,45 @@ class Middleware:
             args, kwargs = body[0], body[1]
         else:
             args, kwargs = (), {}
-        argsrepr = msg_headers.get("argsrepr")
-        kwargsrepr = msg_headers.get("kwargsrepr")
-        declared = self._declared.get(name)
         task_id = msg_headers.get("id")
-        return Request(
-            name, task_id if type(task_id) is str else str(task_id or ""), args, kwargs, headers,
-            self.declared(name) if declared is None else declared,
-            None if auto else _queue_name(options.get("queue")), now,
-            msg_headers.get("retries") or 0, root if type(root := msg_headers.get("root_id"))
-            is str and root else None,
-            len(argsrepr) if type(argsrepr) is str else None,
-            len(kwargsrepr) if type(kwargsrepr) is str else None,
-            current_tenant(), msg_headers.get("eta"),
-        )
+        if type(task_id) is not str:
+            task_id = str(task_id or "")
+        declared = self._declared.get(name)
+        if declared is None:
+            declared = self.declared(name)
+        parent = current_tenant()
+        view = self.live.current()
+        explicit = variant = finish = None
+        if not auto:  # someone routed it: it keeps its queue, the decision says why
+            explicit = _queue_name(options.get("queue"))
+            variant = self._explicit_variant(explicit, view, layout)
+            finish = _EXPLICIT_FALLBACKS[variant]
+        memo = self.memo
+        key = None
+        if memo is not None:
+            key = memo.key(name, task_id, msg_headers, args, kwargs, headers, declared, now,
+                           parent, view, variant)
+            if key is not None:  # a kept decision needs no Request
+                found = memo.find(view, key, task_id, now)
+                if found is not None:
+                    return found
+        request = Request.of_message(name, task_id, msg_headers, args, kwargs, headers,
+                                     declared, explicit, now, parent)
+        if memo is not None and key is not None:
+            return memo.make(request, view, key, finish)
+        decision = self.pipeline.decide(request, view, now)
+        if finish is not None:
+            finish(decision)
+        return decision
+
+    def _explicit_variant(self, explicit: str | None, view: View, layout: Layout
+                          ) -> tuple[bool, bool]:
+        """(a tier queue?, served by a live worker?) for a task sent to queue
+        ``explicit``: all its explicit-queue fallback depends on. A tier queue named
+        explicitly is almost always a retry staying put."""
+        if explicit and self._is_tier_destination(explicit):
+            return True, self.physical_is_live(layout.physical(explicit), view.live_queues)
+        return False, False
 
     def _is_tier_destination(self, name: str) -> bool:
         return parse_tier_queue(name) is not None or self.layout.is_tier_destination(name)
@@ -362,7 +364,12 @@ class Middleware:
         """``_apply`` for a kept decision: header, record, counters and route as the
         decision it copies had them (always auto-routed; never a visibility divert)."""
         template = reused.template
-        self._headers(options, template.task)["aitp"] = reused.header()
+        raw = options.get("headers")
+        if type(raw) is dict:  # the common case of _headers, inlined
+            headers = options["headers"] = raw.copy()
+        else:
+            headers = self._headers(options, template.task)
+        headers["aitp"] = reused.header()
         self._decision_records.add(reused)
         counters = self.counters
         counters.incr(template.counter)

@@ -55,8 +55,14 @@ from celery_aitp.publish.live_view import View
 from celery_aitp.publish.pipeline import Pipeline
 from celery_aitp.publish.priority_stage import PriorityStage
 from celery_aitp.publish.profile_stage import ProfileStage
-from celery_aitp.publish.request import Decision, Request, header_json, record_json_of
-from celery_aitp.publish.split import SplitRule
+from celery_aitp.publish.request import (
+    Decision,
+    Request,
+    header_json,
+    record_json_of,
+    root_id_of,
+)
+from celery_aitp.publish.split import SplitRule, arm_key
 from celery_aitp.publish.stages import GateStage, RouteStage, TenantStage
 from celery_aitp.publish.visibility_stage import VISIBILITY_REASONS, VisibilityStage
 from celery_aitp.scheduling.usage import USAGE_SOURCE
@@ -225,43 +231,17 @@ class DecisionMemo:
             return None
         return cls(pipeline)
 
-    def decide(self, request: Request, view: View, variant: Any = None,
-               finish: Callable[[Decision], None] | None = None) -> Decision | Reused:
-        """The decision for a task: reused if an equal one is kept, else made by the
-        pipeline (and kept, if the task is eligible).
-
-        ``finish`` adjusts what the pipeline made (the explicit-queue fallback, say)
-        before it is kept; ``variant`` (hashable) is all ``finish`` depends on besides
-        the decision, and is part of the key.
-        """
-        key = self.key(request, view, variant)
-        if key is None:
-            decision = self.pipeline.decide(request, view, request.published_at)
-            if finish is not None:
-                finish(decision)
-            return decision
-        now = request.published_at
-        found = self.reuse(view, key, request.task_id, now)
-        if found is not None:
-            return found
-        feature_key = self.feature_key(key)
-        if feature_key is not None:
-            found = self.reuse_outcome(view, key, feature_key, request.task_id, now)
-            if found is not None:
-                return found
-        decision = self.pipeline.decide(request, view, now, feature_key)
-        if finish is not None:
-            finish(decision)
-        kept = self.keep(view, key, decision)
-        return decision if kept is None else kept
-
-    def key(self, request: Request, view: View, variant: Any = None
+    def key(self, task: str, task_id: str, msg_headers: Mapping[str, Any], args: Any,
+            kwargs: Any, headers: Mapping[str, Any], declared: Mapping[str, Any],
+            now: float, parent: str | None, view: View, variant: Any = None
             ) -> tuple[Any, ...] | None:
         """The memo key of a task, computed as the tenant, features and gate stages
-        would; None if the task or the view rules the memo out."""
-        if request.retries or request.eta is not None:
+        would, straight from Celery's message (its ``headers``, ``args``, ``kwargs``),
+        the caller's ``headers``, the task's declaration and the tenant of the task
+        publishing it (``parent``): no Request is built for a task whose decision is
+        kept. None if the task or the view rules the memo out."""
+        if msg_headers.get("retries") or msg_headers.get("eta") is not None:
             return None
-        headers = request.headers
         if "aitp_labels" in headers:
             return None
         rule = None
@@ -270,11 +250,8 @@ class DecisionMemo:
             if rule is None:
                 return None
         raw = headers.get("aitp_tenant")
-        kwargs = request.kwargs
         if raw is None and self.kwarg and type(kwargs) is dict:
             raw = kwargs.get(self.kwarg)
-        task = request.task
-        parent = request.parent_tenant
         if raw is None and parent is None:  # the common cases of resolve(), inlined
             tenant, note = self.default_tenant, None
         elif type(raw) is str and raw in self.claimable:
@@ -282,8 +259,8 @@ class DecisionMemo:
         else:
             tenant, note = self.tenants.resolve(raw, parent)
         # the split's arm, as the gate finds it (its selectors ignore tier and prediction)
-        arm = None if rule is None else rule.routes(request.root_id or request.task_id,
-                                                    task, tenant, None)
+        arm = None if rule is None else rule.routes(
+            arm_key(task_id, root_id_of(msg_headers)), task, tenant, None)
         state = self._state
         if state[0] is not view:
             state = self._adopt(view)
@@ -294,10 +271,40 @@ class DecisionMemo:
         request_key = model.request_key
         if request_key is None:
             return None
+        # the sizes as Request.of_message reads them (inlined: read for every task)
+        args_repr, kwargs_repr = msg_headers.get("argsrepr"), msg_headers.get("kwargsrepr")
         return (task, tenant, note, demoted, arm, variant, request_key(
-            task, tenant, request.args, kwargs, request.args_bytes, request.kwargs_bytes,
-            request.declared.get("runtime_hint_s"), 0, request.published_at,
-            histories.get((tenant, task))))
+            task, tenant, args, kwargs, len(args_repr) if type(args_repr) is str else None,
+            len(kwargs_repr) if type(kwargs_repr) is str else None,
+            declared.get("runtime_hint_s"), 0, now, histories.get((tenant, task))))
+
+    def find(self, view: View, key: tuple[Any, ...], task_id: str, now: float
+             ) -> Reused | None:
+        """The kept decision for ``key`` (or, with a model, for its outcome key), its
+        fair-share charge made; None if the pipeline must decide."""
+        state = self._state
+        if state[0] is not view:
+            state = self._adopt(view)
+        template = state[2].get(key)
+        if template is None:
+            feature_key = self.feature_key(key)
+            if feature_key is None:
+                return None
+            return self.reuse_outcome(view, key, feature_key, task_id, now)
+        self._charges.append(template.charge)  # _hand_out, inlined: once per kept task
+        return Reused(template, task_id, now)
+
+    def make(self, request: Request, view: View, key: tuple[Any, ...],
+             finish: Callable[[Decision], None] | None = None) -> Decision | Reused:
+        """The pipeline's decision for a task :meth:`find` found none for, kept if it
+        may be. ``finish`` adjusts it (the explicit-queue fallback, say) before it is
+        kept; the key's ``variant`` must be all ``finish`` depends on besides it."""
+        decision = self.pipeline.decide(request, view, request.published_at,
+                                        self.feature_key(key))
+        if finish is not None:
+            finish(decision)
+        kept = self.keep(view, key, decision)
+        return decision if kept is None else kept
 
     def _split_rule(self, view: View) -> SplitRule | None:
         """The view's split, compiled once; None if its selectors look at the decision."""
@@ -318,18 +325,6 @@ class DecisionMemo:
         """The memo key with the prediction in place of the model's cache key."""
         return (*key[:_CACHE_KEY_AT], p50, p90)
 
-    def reuse(self, view: View, key: tuple[Any, ...], task_id: str, now: float
-              ) -> Reused | None:
-        """The kept decision for ``key`` under ``view`` (its fair-share charge made), or
-        None."""
-        state = self._state
-        if state[0] is not view:
-            state = self._adopt(view)
-        template = state[2].get(key)
-        if template is None:
-            return None
-        return self._hand_out(template, task_id, now)
-
     def reuse_outcome(self, view: View, key: tuple[Any, ...], feature_key: tuple[Any, ...],
                       task_id: str, now: float) -> Reused | None:
         """On a miss with a model: the kept decision of an earlier task that got the same
@@ -337,7 +332,7 @@ class DecisionMemo:
         now kept under ``key`` too; None if there is none."""
         state = self._state
         if state[0] is not view:
-            return None  # reuse() adopted the view: a new one arrived meanwhile
+            return None  # find() adopted the view: a new one arrived meanwhile
         model = state[4][1]
         if model is None:
             return None

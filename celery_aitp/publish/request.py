@@ -74,6 +74,27 @@ class Request:
         self.eta = eta  # Celery's ISO-8601 ``eta`` header (countdown too); None if unset
 
 
+    @classmethod
+    def of_message(cls, task: str, task_id: str, msg_headers: Mapping[str, Any], args: Any,
+                   kwargs: Any, headers: Mapping[str, Any], declared: Mapping[str, Any],
+                   explicit_queue: str | None, published_at: float, parent_tenant: str | None
+                   ) -> Request:
+        """A Request from the headers of Celery's task message (protocol 2) and the rest;
+        fields of the wrong type read as absent."""
+        args_repr, kwargs_repr = msg_headers.get("argsrepr"), msg_headers.get("kwargsrepr")
+        return cls(task, task_id, args, kwargs, headers, declared, explicit_queue,
+                   published_at, msg_headers.get("retries") or 0, root_id_of(msg_headers),
+                   len(args_repr) if type(args_repr) is str else None,
+                   len(kwargs_repr) if type(kwargs_repr) is str else None,
+                   parent_tenant, msg_headers.get("eta"))
+
+
+def root_id_of(msg_headers: Mapping[str, Any]) -> str | None:
+    """The workflow's first task id from Celery's message headers; None if alone."""
+    root = msg_headers.get("root_id")
+    return root if type(root) is str and root else None
+
+
 def read_header(raw: Any) -> Mapping[str, Any] | None:
     """An ``aitp`` header as a mapping: a v2 text parsed, a v1 mapping as it is; None for
     anything else (too long, not JSON, not an object). Never raises: anyone who can

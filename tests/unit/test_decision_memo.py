@@ -264,7 +264,7 @@ def test_a_decision_the_visibility_guard_flagged_is_not_kept(app) -> None:
     memo = DecisionMemo.for_pipeline(app.aitp.pipeline)
     assert memo is not None
     view = app.aitp.live.current()
-    memo.reuse(view, ("k",), "id", 1.0)  # adopt the view
+    memo.find(view, ("k",), "id", 1.0)  # adopt the view
     flagged = Decision("takeover", 1.0, "t", "id")
     flagged.notes.append("visibility_runtime")
     assert memo.keep(view, ("k",), flagged) is None and len(memo) == 0
@@ -280,10 +280,10 @@ def test_a_reused_record_is_the_decisions_own(app) -> None:
     memo = DecisionMemo.for_pipeline(app.aitp.pipeline)
     assert memo is not None
     view = app.aitp.live.current()
-    memo.reuse(view, ("k",), "x", 0.0)
+    memo.find(view, ("k",), "x", 0.0)
     first = memo.keep(view, ("k",), decision)
     assert first is not None and json.loads(first.record_json()) == decision.record()
-    again = memo.reuse(view, ("k",), "second", 1700000001.5)
+    again = memo.find(view, ("k",), "second", 1700000001.5)
     assert again is not None
     expected = dict(decision.record(), task_id="second", decided_at=1700000001.5,
                     origin_at=1700000001.5)

@@ -101,13 +101,13 @@ def test_decisions_reused_or_not_read_back_as_their_own_records(app, store):
     log = DecisionLog(store, maxlen=10_000, policy_digest="d1")
     memo = DecisionMemo.for_pipeline(app.aitp.pipeline)
     view = app.aitp.live.current()
-    memo.reuse(view, ("k",), "", 0.0)
+    memo.find(view, ("k",), "", 0.0)
     first = Decision("takeover", 100.5, "t.a", "a0")
     first.tenant, first.tier, first.score, first.origin_at = "acme", "hi", 0.25, 100.5
     retry = Decision("takeover", 300.0, "t.b", "b0")
     retry.tenant, retry.reason, retry.origin_at = "globex", "no_live_worker", 250.0
     kept = memo.keep(view, ("k",), first)
-    again = [memo.reuse(view, ("k",), f"a{i}", 100.5 + i) for i in range(1, 4)]
+    again = [memo.find(view, ("k",), f"a{i}", 100.5 + i) for i in range(1, 4)]
     items = [kept, retry, *again, {"task_id": "c0", "note": "a plain record"}]
     log.append(items)
     expected = [dict(item.record() if hasattr(item, "record") else item, policy="d1")
