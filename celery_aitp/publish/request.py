@@ -195,11 +195,14 @@ class Decision:
         fragment = _fragment(_HEADER_JSON, _HEADER_FIELDS, (
             self.tenant, self.tier, self.accelerator, self.stage, self.routed, self.queue,
             self.reason))
-        text = (f'{{"v":{HEADER_VERSION},{fragment},'
-                f'"predicted_runtime_s":{json_number(self.predicted_runtime_s)},')
-        if self.predicted_runtime_s is not None:
-            text += (f'"predicted_p90_s":{json_number(self.predicted_p90_s)},'
-                     f'"prediction_source":{_ENCODE(self.prediction_source)},')
+        p50 = self.predicted_runtime_s
+        if p50 is None:
+            text = f'{{"v":{HEADER_VERSION},{fragment},"predicted_runtime_s":null,'
+        else:  # one f-string: each concatenation copies the text so far
+            text = (f'{{"v":{HEADER_VERSION},{fragment},'
+                    f'"predicted_runtime_s":{json_number(p50)},'
+                    f'"predicted_p90_s":{json_number(self.predicted_p90_s)},'
+                    f'"prediction_source":{_source_json(self.prediction_source)},')
         if self.arm is not None:
             text += f'"arm":{_ENCODE(self.arm)},'
         if self.score is not None:
@@ -301,6 +304,12 @@ def _fragment(cache: dict[tuple[Any, ...], str], fields: tuple[str, ...],
             cache.clear()
         found = cache[values] = _ENCODE(dict(zip(fields, values, strict=True)))[1:-1]
     return found
+
+
+def _source_json(source: Any) -> str:
+    """A prediction source ('model', 'history', ...) as JSON: a plain text quoted by the
+    C escaper, anything else by the general encoder."""
+    return _quote(source) if type(source) is str else _ENCODE(source)
 
 
 def _detail(value: Any) -> str:
