@@ -145,7 +145,7 @@ class Middleware:
     def memo(self) -> DecisionMemo | None:
         """Whole decisions kept for reuse (see :mod:`celery_aitp.publish.memo`); None
         when a stage that is not a default one makes the pipeline impure."""
-        return DecisionMemo.for_pipeline(self.pipeline)
+        return DecisionMemo.for_pipeline(self.pipeline, self.counters)
 
     @cached_property
     def visibility_timeout_s(self) -> float | None:
@@ -371,10 +371,9 @@ class Middleware:
             headers = self._headers(options, template.task)
         headers["aitp"] = reused.header()
         self._decision_records.add(reused)
-        counters = self.counters
-        counters.incr(template.counter)
+        template.tally.append(None)  # counts template.counter, without a lock
         for note in template.notes:
-            counters.incr(note)
+            self.counters.incr(note)
         if template.routed:
             self._send_to_tier(options, template.queue)
         else:

@@ -66,6 +66,7 @@ from celery_aitp.publish.split import SplitRule, arm_key
 from celery_aitp.publish.stages import GateStage, RouteStage, TenantStage
 from celery_aitp.publish.visibility_stage import VISIBILITY_REASONS, VisibilityStage
 from celery_aitp.scheduling.usage import USAGE_SOURCE
+from celery_aitp.telemetry.counters import Counters
 
 #: Stage classes whose output depends only on the memo key and the view.
 PURE_STAGES = (TenantStage, FeatureStage, PredictStage, ProfileStage, PriorityStage,
@@ -117,13 +118,16 @@ class _Same:
 class Template:
     """One decision, kept to be handed out again with another id and time."""
 
-    __slots__ = ("task", "header_prefix", "counter", "notes", "routed", "queue", "reason",
-                 "charge", "_decision", "_json")
+    __slots__ = ("task", "header_prefix", "counter", "tally", "notes", "routed", "queue",
+                 "reason", "charge", "_decision", "_json")
 
-    def __init__(self, decision: Decision, charge: tuple[str, str, float]) -> None:
+    def __init__(self, decision: Decision, charge: tuple[str, str, float],
+                 counters: Counters) -> None:
         self.task = decision.task
         self.header_prefix = decision.header_prefix()  # each task adds its decided_at
         self.counter = decision.counter()
+        #: Where each task handed this decision counts it (``Counters.tally``).
+        self.tally = counters.tally(self.counter)
         self.notes = tuple(decision.notes)
         self.routed = decision.routed
         self.queue = decision.queue or ""
@@ -196,8 +200,10 @@ class DecisionMemo:
     """Templates by (task, tenant, tenant note, demoted, split arm, variant, model cache
     key), for one view at a time."""
 
-    def __init__(self, pipeline: Pipeline, limit: int = MEMO_LIMIT) -> None:
+    def __init__(self, pipeline: Pipeline, counters: Counters | None = None,
+                 limit: int = MEMO_LIMIT) -> None:
         self.pipeline = pipeline
+        self.counters = counters if counters is not None else Counters()
         stages = {stage.name: stage for stage in pipeline.stages}
         tenants, priority = stages["tenant"], stages["priority"]
         assert isinstance(tenants, TenantStage) and isinstance(priority, PriorityStage)
@@ -222,14 +228,16 @@ class DecisionMemo:
         self._state = (None, None, {}, {}, _NO_READS)
 
     @classmethod
-    def for_pipeline(cls, pipeline: Pipeline) -> DecisionMemo | None:
-        """A memo, if every stage of ``pipeline`` is a default (pure) one."""
+    def for_pipeline(cls, pipeline: Pipeline, counters: Counters | None = None
+                     ) -> DecisionMemo | None:
+        """A memo, if every stage of ``pipeline`` is a default (pure) one; its reused
+        decisions are counted in ``counters``."""
         names = {stage.name for stage in pipeline.stages}
         if not {"tenant", "priority"} <= names:
             return None
         if not all(type(stage) in PURE_STAGES for stage in pipeline.stages):
             return None
-        return cls(pipeline)
+        return cls(pipeline, counters)
 
     def key(self, task: str, task_id: str, msg_headers: Mapping[str, Any], args: Any,
             kwargs: Any, headers: Mapping[str, Any], declared: Mapping[str, Any],
@@ -375,7 +383,7 @@ class DecisionMemo:
         state = self._state
         if state[0] is not view:
             return None  # the view changed meanwhile
-        template = Template(decision, self.priority.charge_of(decision))
+        template = Template(decision, self.priority.charge_of(decision), self.counters)
         _put(state[2], key, template, self.limit)
         if decision.feature_key is not None and decision.prediction_source == "model":
             _put(state[3], self.outcome_key(key, decision.predicted_runtime_s,

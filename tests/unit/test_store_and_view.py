@@ -82,6 +82,42 @@ def test_counts_put_back_merge_with_counts_made_meanwhile() -> None:
     assert counters.totals == {"a": 4, "b": 1}
 
 
+def test_tallies_count_with_the_same_name_and_drain_once() -> None:
+    counters = Counters()
+    tally = counters.tally("reused")
+    assert counters.tally("reused") is tally  # one tally per name
+    for _ in range(3):
+        tally.append(None)
+    counters.incr("reused", 2)  # the locked counter of the same name adds up with it
+    assert counters.totals == {"reused": 5}
+    assert counters.drain() == {"reused": 5}
+    assert counters.drain() == {}  # a tally is emptied by the drain that shipped it
+    tally.append(None)
+    assert counters.totals == {"reused": 6}
+
+
+class _CountedWhileDrained(list[None]):
+    """A tally to which another thread appends once, just after drain reads its length."""
+
+    once = True
+
+    def __len__(self) -> int:
+        n = super().__len__()
+        if self.once:
+            self.once = False
+            self.append(None)
+        return n
+
+
+def test_an_event_tallied_while_draining_is_shipped_by_the_next_drain() -> None:
+    counters = Counters()
+    counters._tallies["t"] = marks = _CountedWhileDrained([None, None])
+    assert counters.drain() == {"t": 2}
+    assert list(marks) == [None]  # kept for the next drain, not cleared with the rest
+    assert counters.drain() == {"t": 1}
+    assert counters.totals == {"t": 3}
+
+
 def test_records_are_kept_for_the_next_round_when_the_store_fails(store):
     counters = Counters()
     dead = LiveView(RedisStore(connect("redis://127.0.0.1:1/0", 0.1), Keys("d")), Policy(),
