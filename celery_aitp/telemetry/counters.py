@@ -33,8 +33,11 @@ class Counters:
     def tally(self, name: str) -> list[None]:
         """The tally of ``name``: count one event by appending None to it, with no lock
         (the same list for the same name, until the process ends)."""
-        with self._lock:
-            return self._tallies.setdefault(name, [])
+        found = self._tallies.get(name)  # one dict read is atomic: no lock once made
+        if found is None:
+            with self._lock:
+                found = self._tallies.setdefault(name, [])
+        return found
 
     @property
     def totals(self) -> Counter[str]:
