@@ -16,7 +16,9 @@ So the first such task of a key runs the pipeline, and its decision is kept as a
 the counter, the fair-share charge and the route. The next task with the same key gets
 a :class:`Reused` (the template, its own id and time) instead of the profile, priority,
 route and gate stages, a Decision and its record encoding: the same header, record,
-counters and route at a fraction of the cost.
+counters and route at a fraction of the cost. The key is read straight from Celery's
+message (:meth:`DecisionMemo.key`), so such a task gets no Request either; the middleware
+builds one only for :meth:`DecisionMemo.make`, when :meth:`DecisionMemo.find` has none.
 
 A task someone routed (``queue=``, a ``task_routes`` match) keeps its queue; its
 decision is the pipeline's with the explicit-queue fallback applied, which depends only
