@@ -284,6 +284,9 @@ class Middleware:
 
     def _decide(self, name: str, message: Any, options: dict[str, Any], auto: bool,
                 now: float) -> Decision | Reused:
+        """The decision for one message: a kept one, found from Celery's message alone
+        (no Request is built for it), else the pipeline's, kept for the next if it may
+        be (see :mod:`celery_aitp.publish.memo`)."""
         layout = self.layout  # resolved first: a failure here is a decision failure
         # Celery's message and the publish options, checked types only: odd headers or
         # bodies read as absent
