@@ -290,18 +290,28 @@ class DecisionMemo:
 
     def find(self, view: View, key: tuple[Any, ...], task_id: str, now: float
              ) -> Reused | None:
-        """The kept decision for ``key`` (or, with a model, for its outcome key), its
-        fair-share charge made; None if the pipeline must decide."""
+        """The kept decision for ``key``, its fair-share charge made; None if the
+        pipeline must decide.
+
+        On a miss with a model, the forests are walked over the key's cache key (as the
+        predict stage would) and the decision of an earlier task that got the same
+        prediction, kept under the outcome key, is handed out (and kept under ``key``
+        too).
+        """
         state = self._state
         if state[0] is not view:
             state = self._adopt(view)
         template = state[2].get(key)
         if template is None:
-            feature_key = self.feature_key(key)
-            if feature_key is None:
+            model = state[4][1]
+            if model is None or len(key) <= _CACHE_KEY_AT:
+                return None  # cold start: no prediction to look a decision up by
+            p50, p90, _hit = model.compiled.predict_key(key[_CACHE_KEY_AT])
+            template = state[3].get(self.outcome_key(key, p50, p90))
+            if template is None:
                 return None
-            return self.reuse_outcome(view, key, feature_key, task_id, now)
-        self._charges.append(template.charge)  # _hand_out, inlined: once per kept task
+            _put(state[2], key, template, self.limit)
+        self._charges.append(template.charge)
         return Reused(template, task_id, now)
 
     def make(self, request: Request, view: View, key: tuple[Any, ...],
@@ -334,29 +344,6 @@ class DecisionMemo:
                     ) -> tuple[Any, ...]:
         """The memo key with the prediction in place of the model's cache key."""
         return (*key[:_CACHE_KEY_AT], p50, p90)
-
-    def reuse_outcome(self, view: View, key: tuple[Any, ...], feature_key: tuple[Any, ...],
-                      task_id: str, now: float) -> Reused | None:
-        """On a miss with a model: the kept decision of an earlier task that got the same
-        prediction (the forests walked over ``feature_key``, as the predict stage would),
-        now kept under ``key`` too; None if there is none."""
-        state = self._state
-        if state[0] is not view:
-            return None  # find() adopted the view: a new one arrived meanwhile
-        model = state[4][1]
-        if model is None:
-            return None
-        p50, p90, _hit = model.compiled.predict_key(feature_key)
-        template = state[3].get(self.outcome_key(key, p50, p90))
-        if template is None:
-            return None
-        _put(state[2], key, template, self.limit)
-        return self._hand_out(template, task_id, now)
-
-    def _hand_out(self, template: Template, task_id: str, now: float) -> Reused:
-        """A kept decision for one more task, its fair-share charge made."""
-        self._charges.append(template.charge)
-        return Reused(template, task_id, now)
 
     def _adopt(self, view: View) -> _State:
         """Move the memo to a new view: its templates stay if the view's fingerprint is
