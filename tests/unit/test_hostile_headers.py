@@ -24,7 +24,7 @@ from kombu import Queue
 
 import celery_aitp
 from celery_aitp.publish.hook import AUTO_ROUTE
-from celery_aitp.publish.request import MAX_HEADER_CHARS, header_origin, read_header
+from celery_aitp.publish.request import MAX_HEADER_CHARS, Request, header_origin, read_header
 from celery_aitp.queues import all_tier_queues, parse_tier_queue
 from celery_aitp.store import Keys, RedisStore
 from celery_aitp.worker import running
@@ -261,3 +261,17 @@ def test_any_aitp_header_reads_as_a_mapping_or_nothing(raw: Any) -> None:
     origin = header_origin(raw)
     assert origin is None or origin > 0
     assert read_header("x" * (MAX_HEADER_CHARS + 1)) is None
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({}, (0, None, None, None, None)),
+    ({"retries": 2, "root_id": "r", "argsrepr": "(1,)", "kwargsrepr": "{}",
+      "eta": "2026-01-01T00:00:00"}, (2, "r", 4, 2, "2026-01-01T00:00:00")),
+    ({"retries": None, "root_id": "", "argsrepr": b"(1,)", "kwargsrepr": 7},
+     (0, None, None, None, None)),
+    ({"root_id": 5, "argsrepr": None}, (0, None, None, None, None)),
+])
+def test_celery_message_fields_of_the_wrong_type_read_as_absent(fields, expected) -> None:
+    request = Request.of_message("t", "id", fields, (), {}, {}, {}, None, 1.0, None)
+    assert (request.retries, request.root_id, request.args_bytes, request.kwargs_bytes,
+            request.eta) == expected
