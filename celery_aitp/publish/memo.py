@@ -246,7 +246,7 @@ class DecisionMemo:
             now: float, parent: str | None, view: View, variant: Any = None
             ) -> tuple[Any, ...] | None:
         """The memo key of a task, computed as the tenant, features and gate stages
-        would, straight from Celery's message (its ``headers``, ``args``, ``kwargs``),
+        would, straight from Celery's message (``msg_headers``, ``args``, ``kwargs``),
         the caller's ``headers``, the task's declaration and the tenant of the task
         publishing it (``parent``): no Request is built for a task whose decision is
         kept. None if the task or the view rules the memo out."""
