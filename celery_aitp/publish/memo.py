@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from celery_aitp.policy import Stage
 from celery_aitp.predict.history import EMPTY_HISTORY, HISTORY_SOURCE
@@ -194,7 +194,7 @@ class Reused:
 _Reads = tuple[frozenset[str], Any, Mapping[tuple[str, str], Any]]
 #: The memo's state for one view (see ``DecisionMemo._state``).
 _State = tuple[View | None, Any, dict[tuple[Any, ...], Template],
-               dict[tuple[Any, ...], Template], _Reads]
+               dict[tuple[Any, ...], Template], _Reads, dict[tuple[Any, ...], Decision]]
 _NO_READS: _Reads = (frozenset(), None, {})
 
 
@@ -209,6 +209,9 @@ class DecisionMemo:
         stages = {stage.name: stage for stage in pipeline.stages}
         tenants, priority = stages["tenant"], stages["priority"]
         assert isinstance(tenants, TenantStage) and isinstance(priority, PriorityStage)
+        visibility = stages.get("visibility")
+        assert visibility is None or isinstance(visibility, VisibilityStage)
+        self.visibility = visibility
         self.tenants = tenants
         self.kwarg = tenants.kwarg
         self.default_tenant = tenants.default
@@ -218,16 +221,16 @@ class DecisionMemo:
         self._rule: SplitRule | None = None
         self.limit = limit
         #: (view, its fingerprint, templates by memo key, the same by outcome key, what
-        #: the key reads from its sources), swapped as one object so threads never mix
-        #: two views.
-        self._state: _State = (None, None, {}, {}, _NO_READS)
+        #: the key reads from its sources, a decision the pipeline made per score band),
+        #: swapped as one object so threads never mix two views.
+        self._state: _State = (None, None, {}, {}, _NO_READS, {})
 
     def __len__(self) -> int:
         return len(self._state[2])
 
     def clear(self) -> None:
         """Forget every kept decision."""
-        self._state = (None, None, {}, {}, _NO_READS)
+        self._state = (None, None, {}, {}, _NO_READS, {})
 
     @classmethod
     def for_pipeline(cls, pipeline: Pipeline, counters: Counters | None = None
@@ -309,10 +312,42 @@ class DecisionMemo:
             p50, p90, _hit = model.compiled.predict_key(key[_CACHE_KEY_AT])
             template = state[3].get(self.outcome_key(key, p50, p90))
             if template is None:
-                return None
+                return self._derive(state, view, key, p50, p90, task_id, now)
             _put(state[2], key, template, self.limit)
         self._charges.append(template.charge)
         return Reused(template, task_id, now)
+
+    def _derive(self, state: _State, view: View, key: tuple[Any, ...], p50: float,
+                p90: float, task_id: str, now: float) -> Reused | None:
+        """A decision for a new prediction, from one the pipeline made for the same
+        task, tenant, note, demotion, arm and variant whose score fell in the same band
+        (picked the same tier by score alone), and kept like any other; None if there is
+        none, or the visibility guard would look at this prediction.
+
+        Past the predict stage, such a task's decision depends on its prediction only
+        through the runtime factor, the score and its band, and the fair-share charge:
+        profile, tier, steps, route, gate and the explicit-queue fallback follow from
+        the band and the key. So it is that decision with the prediction, the score and
+        the runtime factor this task gets (computed by the priority stage itself).
+        """
+        if self.visibility is not None and not self.visibility.passes(p50, p90):
+            return None
+        scored = self.priority.rescore(key[0], key[1], p90)
+        if scored is None:
+            return None
+        runtime, score, rank = scored
+        prototype = state[5].get((*key[:_CACHE_KEY_AT], rank))
+        if prototype is None or prototype.factors is None:
+            return None
+        decision = prototype.for_task(task_id, now)
+        decision.feature_key = key[_CACHE_KEY_AT]
+        decision.predicted_runtime_s, decision.predicted_p90_s = p50, p90
+        decision.score = score
+        decision.factors = {**prototype.factors, "runtime": runtime}
+        kept = self.keep(view, key, decision)
+        if kept is not None:
+            self._charges.append(kept.template.charge)  # as the priority stage would
+        return kept
 
     def make(self, request: Request, view: View, key: tuple[Any, ...],
              finish: Callable[[Decision], None] | None = None) -> Decision | Reused:
@@ -349,16 +384,16 @@ class DecisionMemo:
         """Move the memo to a new view: its templates stay if the view's fingerprint is
         the same as the last one's (once per view, not per publish), and what the key
         reads from its sources is looked up once."""
-        _, fingerprint, templates, outcomes, _ = self._state
+        _, fingerprint, templates, outcomes, _, bands = self._state
         found = view_fingerprint(view)
         if found != fingerprint:
-            templates, outcomes = {}, {}
+            templates, outcomes, bands = {}, {}, {}
         sources = view.sources
         usage = sources.get(USAGE_SOURCE)
         reads: _Reads = (frozenset() if usage is None else usage.demoted,
                          sources.get(MODEL_SOURCE),
                          sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features)
-        state: _State = (view, found, templates, outcomes, reads)
+        state: _State = (view, found, templates, outcomes, reads, bands)
         self._state = state
         return state
 
@@ -377,12 +412,19 @@ class DecisionMemo:
         if decision.feature_key is not None and decision.prediction_source == "model":
             _put(state[3], self.outcome_key(key, decision.predicted_runtime_s,
                                             decision.predicted_p90_s), template, self.limit)
+            if decision.score is not None:
+                band = (*key[:_CACHE_KEY_AT], self.priority.rank_of(decision.score))
+                if band not in state[5]:
+                    _put(state[5], band, decision, self.limit)
         return Reused(template, decision.task_id, decision.decided_at)
 
 
-def _put(templates: dict[tuple[Any, ...], Template], key: tuple[Any, ...],
-         template: Template, limit: int) -> None:
-    """Keep ``template`` under ``key``, starting over when ``limit`` are kept."""
-    if len(templates) >= limit:
-        templates.clear()
-    templates[key] = template
+_Kept = TypeVar("_Kept")
+
+
+def _put(kept: dict[tuple[Any, ...], _Kept], key: tuple[Any, ...], value: _Kept,
+         limit: int) -> None:
+    """Keep ``value`` under ``key``, starting over when ``limit`` are kept."""
+    if len(kept) >= limit:
+        kept.clear()
+    kept[key] = value

@@ -198,13 +198,8 @@ class PriorityStage:
             age = age_factor(now - origin, self.settings.max_age_s)
         else:
             decision.origin_at = now
-        score = (static.partial + self._w_impact * impact + self._w_runtime * runtime
-                 + self._w_age * age) / self.total
-        rank = 0
-        for threshold in self.min_scores:
-            if score >= threshold:
-                break
-            rank += 1
+        score = self._score(static, impact, runtime, age)
+        rank = self.rank_of(score)
         demoted = False
         if self.fair_share:
             usage = view.sources.get(USAGE_SOURCE)
@@ -214,6 +209,32 @@ class PriorityStage:
         decision.factors = {"tenant": static.tenant, "sla": static.sla, "impact": impact,
                             "resources": static.resources, "runtime": runtime, "age": age}
         self.usage.pending.append(self.charge_of(decision))
+
+    def _score(self, static: _Static, impact: float, runtime: float, age: float) -> float:
+        return (static.partial + self._w_impact * impact + self._w_runtime * runtime
+                + self._w_age * age) / self.total
+
+    def rank_of(self, score: float) -> int:
+        """The rank of the highest tier whose ``min_score`` the score reaches: the tier
+        the score alone picks (before floor, cap and fair share)."""
+        rank = 0
+        for threshold in self.min_scores:
+            if score >= threshold:
+                break
+            rank += 1
+        return rank
+
+    def rescore(self, task: str, tenant: str, p90: float) -> tuple[float, float, int] | None:
+        """(runtime factor, score, rank) the stage gives a first publish of ``task`` for
+        ``tenant`` with no ``aitp_labels`` header and a predicted p90 of ``p90``; None
+        unless the stage has scored that task for that tenant already (its cached part,
+        which a view or declaration change replaces, is all the rest depends on)."""
+        static = self._cache.get((task, tenant))
+        if static is None:
+            return None
+        runtime = self._runtime(p90)
+        score = self._score(static, static.impact, runtime, 0.0)
+        return runtime, score, self.rank_of(score)
 
     def charge_of(self, decision: Decision) -> tuple[str, str, float]:
         """What a decision adds to its tenant's fair-share usage: the predicted runtime,

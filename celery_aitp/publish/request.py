@@ -165,6 +165,22 @@ class Decision:
         self.tier_steps: dict[str, Any] | None = None  # how the score became the tier
         self.origin_at: float | None = None  # first publish of this task (kept by retries)
 
+    def for_task(self, task_id: str, decided_at: float) -> Decision:
+        """This decision again, for another first publish of the same task: every field
+        copied (the notes as a new list) but the id and the times (``origin_at`` is the
+        decision time, as for any first publish)."""
+        other = Decision(self.stage, decided_at, self.task, task_id)
+        other.tenant, other.tier, other.accelerator = self.tenant, self.tier, self.accelerator
+        other.features, other.feature_key = self.features, self.feature_key
+        other.predicted_runtime_s, other.predicted_p90_s = (self.predicted_runtime_s,
+                                                            self.predicted_p90_s)
+        other.prediction_source, other.profile = self.prediction_source, self.profile
+        other.score, other.factors = self.score, self.factors
+        other.queue, other.routed, other.reason = self.queue, self.routed, self.reason
+        other.arm, other.notes, other.tier_steps = self.arm, list(self.notes), self.tier_steps
+        other.origin_at = decided_at
+        return other
+
     def fall_back(self, reason: str) -> Decision:
         """Send the task down Celery's own path, keeping what was decided for the record."""
         self.routed = False

@@ -91,10 +91,16 @@ class VisibilityStage:
         self._logged: dict[str, float] = {}
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
-        runtime = decision.predicted_p90_s if self.use_p90 else decision.predicted_runtime_s
-        if request.eta is None and (runtime is None or runtime <= self.limit_s):
-            return  # the common case: two reads and a comparison
-        self._check(request, decision, runtime)
+        p50, p90 = decision.predicted_runtime_s, decision.predicted_p90_s
+        if request.eta is None and self.passes(p50, p90):
+            return  # the common case
+        self._check(request, decision, p90 if self.use_p90 else p50)
+
+    def passes(self, p50: float | None, p90: float | None) -> bool:
+        """Whether a task with no ETA and this prediction passes unchecked (what
+        ``__call__`` reads first, for a caller that has the prediction alone)."""
+        runtime = p90 if self.use_p90 else p50
+        return runtime is None or runtime <= self.limit_s
 
     def _check(self, request: Request, decision: Decision, runtime: float | None) -> None:
         if runtime is None:

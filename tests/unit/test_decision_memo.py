@@ -43,10 +43,12 @@ def _noop(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def make_app(store: Any, name: str, memo: bool) -> Any:
-    app = Celery(name, broker="memory://")
+def make_app(store: Any, name: str, memo: bool, broker: str = "memory://",
+             policy: dict[str, Any] | None = None, **conf: Any) -> Any:
+    app = Celery(name, broker=broker)
     app.conf.task_default_queue = "default-q"
-    mw = celery_aitp.install(app, policy=POLICY, refresh_interval_s=60)
+    app.conf.update(conf)
+    mw = celery_aitp.install(app, policy=policy or POLICY, refresh_interval_s=60)
     mw.store = store
     for task in TASKS:
         app.task(name=task, shared=False)(_noop)
@@ -191,6 +193,50 @@ def test_in_the_split_stage_the_arm_is_part_of_the_key(pair, store, with_model,
     reasons = {name.rsplit(":", 1)[1] for name in on.aitp.counters.totals
                if name.startswith("decisions:split:")}
     assert {"routed", "split_standard_arm"} <= reasons  # both arms, each reused right
+
+
+def test_a_new_prediction_in_a_kept_band_equals_the_pipelines(pair, store, trained,
+                                                             monkeypatch) -> None:
+    """Most new predictions get a decision derived from one made in their score band;
+    each must equal what the pipeline makes (the equality above), and some must be
+    derived, or this would test nothing."""
+    on, off = pair
+    make_live(store, *LIVE)
+    ModelStore(store).promote(trained.bundle)
+    refresh(on, off)
+    derived = []
+    original = DecisionMemo._derive
+
+    def counting(self: DecisionMemo, *args: Any) -> Any:
+        found = original(self, *args)
+        derived.append(found is not None)
+        return found
+
+    monkeypatch.setattr(DecisionMemo, "_derive", counting)
+    assert_same(on, off, workload(400, seed=3))
+    assert sum(derived) >= 100 and not all(derived)
+
+
+def test_a_prediction_the_visibility_guard_looks_at_is_never_derived(store, trained) -> None:
+    """With the guard on (a Redis broker), a task whose prediction crosses its limit is
+    flagged and sent to the default queue exactly as the pipeline does, whatever was
+    kept for its band."""
+    policy = {**POLICY, "visibility_guard": {"action": "default_queue"}}
+    apps = [make_app(store, name, memo, broker="redis://127.0.0.1:1/0", policy=policy,
+                     broker_transport_options={"visibility_timeout": 5})
+            for name, memo in (("guard-on", True), ("guard-off", False))]
+    try:
+        on, off = apps
+        assert on.aitp.memo.visibility is not None
+        make_live(store, *LIVE)
+        ModelStore(store).promote(trained.bundle)
+        refresh(on, off)
+        assert_same(on, off, workload(300))
+        flagged = on.aitp.counters.totals["visibility_runtime"]
+        assert 0 < flagged < 300  # predictions on both sides of the guard's limit
+    finally:
+        for app in apps:
+            app.aitp.close()
 
 
 @pytest.mark.parametrize("case", ["retry", "eta", "labels", "split by tier",
@@ -393,3 +439,21 @@ def test_a_task_someone_routed_keeps_its_queue_and_reuses_its_decision(
             {"explicit_queue"} if queue and stage == "takeover" else \
             {"explicit_queue", "explicit_queue_standard"} if queue else None
         assert expected is None or reasons == expected, queue
+
+
+def test_a_decision_for_another_task_copies_every_field_but_its_id_and_times() -> None:
+    """Every slot, so a field added to Decision later is copied too (or this fails)."""
+    first = Decision("takeover", 1.0, "media.resize", "a")
+    for name in Decision.__slots__:
+        setattr(first, name, object())
+    first.notes = ["tenant_unknown"]
+    other = first.for_task("b", 2.0)
+    for name in Decision.__slots__:
+        if name == "task_id":
+            assert other.task_id == "b"
+        elif name in ("decided_at", "origin_at"):
+            assert getattr(other, name) == 2.0
+        elif name == "notes":
+            assert other.notes == first.notes and other.notes is not first.notes
+        else:
+            assert getattr(other, name) is getattr(first, name), name
