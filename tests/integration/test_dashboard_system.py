@@ -291,9 +291,11 @@ def test_cli_refuses_a_public_address_without_auth(system):
 # --- the browser ----------------------------------------------------------------------
 
 
-def _screens_dir() -> Path:
+def _screens_dir(tmp_path: Path) -> Path:
+    """Where the screenshots go: ``AITP_TEST_SCREENSHOTS`` to keep them, else the test's
+    own temporary directory (pytest prunes it)."""
     wanted = os.environ.get("AITP_TEST_SCREENSHOTS")
-    path = Path(wanted) if wanted else Path(tempfile.mkdtemp(prefix="aitp-dashboard-screens-"))
+    path = Path(wanted) if wanted else tmp_path
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -424,8 +426,8 @@ def _cross_site_attempt(context: Any, system: System) -> None:
     page.close()
 
 
-def test_browser_drives_every_page(system):
-    shots = _screens_dir()
+def test_browser_drives_every_page(system, tmp_path):
+    shots = _screens_dir(tmp_path)
     errors: list[str] = []
     with browser_context(http_credentials={"username": USER, "password": PASSWORD},
                          viewport={"width": 1280, "height": 900}) as context:
