@@ -367,12 +367,7 @@ class Middleware:
         """``_apply`` for a kept decision: header, record, counters and route as the
         decision it copies had them (always auto-routed; never a visibility divert)."""
         template = reused.template
-        raw = options.get("headers")
-        if type(raw) is dict:  # the common case of _headers, inlined
-            headers = options["headers"] = raw.copy()
-        else:
-            headers = self._headers(options, template.task)
-        headers["aitp"] = reused.header()
+        self._headers(options, template.task)["aitp"] = reused.header()
         self._decision_records.add(reused)
         template.tally.append(None)  # counts template.counter, without a lock
         for note in template.notes:

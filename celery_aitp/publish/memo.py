@@ -359,7 +359,10 @@ class DecisionMemo:
         if finish is not None:
             finish(decision)
         kept = self.keep(view, key, decision)
-        return decision if kept is None else kept
+        if kept is None:
+            return decision
+        self._keep_band(view, key, decision)
+        return kept
 
     def _split_rule(self, view: View) -> SplitRule | None:
         """The view's split, compiled once; None if its selectors look at the decision."""
@@ -412,11 +415,18 @@ class DecisionMemo:
         if decision.feature_key is not None and decision.prediction_source == "model":
             _put(state[3], self.outcome_key(key, decision.predicted_runtime_s,
                                             decision.predicted_p90_s), template, self.limit)
-            if decision.score is not None:
-                band = (*key[:_CACHE_KEY_AT], self.priority.rank_of(decision.score))
-                if band not in state[5]:
-                    _put(state[5], band, decision, self.limit)
         return Reused(template, decision.task_id, decision.decided_at)
+
+    def _keep_band(self, view: View, key: tuple[Any, ...], decision: Decision) -> None:
+        """Keep a decision the pipeline made (with a model) as its score band's, for
+        :meth:`_derive`, unless the band has one already."""
+        state = self._state
+        if state[0] is not view or decision.score is None or \
+                decision.prediction_source != "model":
+            return
+        band = (*key[:_CACHE_KEY_AT], self.priority.rank_of(decision.score))
+        if band not in state[5]:
+            _put(state[5], band, decision, self.limit)
 
 
 _Kept = TypeVar("_Kept")
