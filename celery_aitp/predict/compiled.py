@@ -12,8 +12,9 @@ path cannot afford it. A model is turned, once and in the background, into:
   vectors with the same key take the same path through every tree, so the prediction is
   cached by key: most publishes are a key and a dict lookup.
 
-The generated source contains only numbers formatted here (feature indices, finite
-thresholds and leaf values, category sets), never text from the model file.
+The generated source contains only numbers formatted here (feature indices, thresholds
+(finite, or LightGBM's ``inf`` upper bound), finite leaf values, category sets), never
+text from the model file.
 """
 
 from __future__ import annotations
@@ -60,6 +61,23 @@ def _number(value: Any, what: str) -> float:
     return number
 
 
+def _threshold(node: Mapping[str, Any]) -> float:
+    """A numeric split's threshold: finite, or +inf.
+
+    LightGBM writes ``inf`` for a split at its last bin's upper bound: every number goes
+    left and only a missing value goes right.
+    """
+    value = node.get("threshold")
+    if value == math.inf:
+        return math.inf
+    return _number(value, "threshold")
+
+
+def _literal(t: float) -> str:
+    """``t`` as Python source: ``repr`` for a finite number, ``1e999`` (which is +inf) else."""
+    return repr(t) if math.isfinite(t) else "1e999"
+
+
 def _feature(node: Mapping[str, Any], n_features: int) -> int:
     j = node.get("split_feature")
     if type(j) is not int or not 0 <= j < n_features:
@@ -87,19 +105,20 @@ def _condition(node: Mapping[str, Any], n_features: int, usage: _Usage) -> str:
     if node.get("decision_type") != "<=":
         raise ModelError(f"unsupported decision type {node.get('decision_type')!r}")
     missing = node.get("missing_type", "None")
-    t = _number(node.get("threshold"), "threshold")
+    t = _threshold(node)
     usage.thresholds.setdefault(j, set()).add(t)
     left = bool(node.get("default_left"))
+    ts = _literal(t)
     if missing == "NaN":
-        return f"not {f} > {t!r}" if left else f"{f} <= {t!r}"
+        return f"not {f} > {ts}" if left else f"{f} <= {ts}"
     if missing == "Zero":
         usage.thresholds[j].update(_ZERO_EDGES)
         zero = f"{-ZERO_THRESHOLD!r} <= {f} <= {ZERO_THRESHOLD!r}"
-        return f"(not {f} > {t!r} or {zero})" if left else f"({f} <= {t!r} and not {zero})"
+        return f"(not {f} > {ts} or {zero})" if left else f"({f} <= {ts} and not {zero})"
     if missing != "None":
         raise ModelError(f"unsupported missing type {missing!r}")
     # NaN is read as 0.0: it goes where 0.0 goes.
-    return f"not {f} > {t!r}" if t >= 0.0 else f"{f} <= {t!r}"
+    return f"not {f} > {ts}" if t >= 0.0 else f"{f} <= {ts}"
 
 
 _ZERO_EDGES = (math.nextafter(-ZERO_THRESHOLD, -math.inf), ZERO_THRESHOLD)
@@ -215,8 +234,7 @@ def _bin_condition(node: Mapping[str, Any], position: dict[int, int],
     if node.get("decision_type") == "==":
         return f"{b} in {{{', '.join(str(c) for c in sorted(_categories(node)))}}}"
     ts = thresholds[j]
-    t = _number(node.get("threshold"), "threshold")
-    k = ts.index(t)
+    k = ts.index(_threshold(node))
     missing = node.get("missing_type", "None")
     left = bool(node.get("default_left"))
     if missing == "NaN":
@@ -226,7 +244,7 @@ def _bin_condition(node: Mapping[str, Any], position: dict[int, int],
         zero = f"{low} <= {b} <= {high}"
         return f"({b} <= {k} or {zero})" if left else f"(0 <= {b} <= {k} and not {zero})"
     else:  # NaN goes where 0.0 goes
-        nan_left = t >= 0.0
+        nan_left = ts[k] >= 0.0
     return f"{b} <= {k}" if nan_left else f"0 <= {b} <= {k}"
 
 

@@ -71,12 +71,15 @@ def _array(tree: dict[str, str], key: str, length: int, kind: type) -> list[Any]
         raise ModelError(f"{key}: malformed values") from None
     if len(values) != length:
         raise ModelError(f"{key}: {len(values)} values, expected {length}")
-    if kind is float and not all(math.isfinite(v) for v in values):
+    # A threshold may be +inf (LightGBM's last bin edge: only a missing value goes right).
+    allowed = (math.inf,) if key == "threshold" else ()
+    if kind is float and not all(math.isfinite(v) or v in allowed for v in values):
         raise ModelError(f"{key}: values must be finite")
     return values
 
 
-def _categories(tree: dict[str, str], index: int, num_cat: int) -> str:
+def _categories(tree: dict[str, str], threshold: float, num_cat: int) -> str:
+    index = int(threshold) if math.isfinite(threshold) else -1
     if not 0 <= index < num_cat:
         raise ModelError("a categorical split points outside cat_boundaries")
     boundaries = _array(tree, "cat_boundaries", num_cat + 1, int)
@@ -131,7 +134,7 @@ def _tree(tree: dict[str, str], n_features: int) -> dict[str, Any]:
         }
         if bits & 1:
             out["decision_type"] = "=="
-            out["threshold"] = _categories(tree, int(threshold[child]), num_cat)
+            out["threshold"] = _categories(tree, threshold[child], num_cat)
         else:
             out["decision_type"] = "<="
             out["threshold"] = threshold[child]

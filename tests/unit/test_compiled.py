@@ -107,7 +107,8 @@ def test_the_cache_is_bounded():
     (lambda d: d.update(average_output=True), "averaged"),
     (lambda d: d.update(tree_info=[]), "no trees"),
     (lambda d: d["tree_info"][0]["tree_structure"].update(decision_type="<"), "decision type"),
-    (lambda d: d["tree_info"][0]["tree_structure"].update(threshold="inf"), "not finite"),
+    (lambda d: d["tree_info"][0]["tree_structure"].update(threshold="nan"), "not finite"),
+    (lambda d: d["tree_info"][0]["tree_structure"].update(threshold="-inf"), "not finite"),
     (lambda d: d["tree_info"][0]["tree_structure"].update(split_feature=99), "features"),
     (lambda d: d["tree_info"][0].update(is_linear=True), "linear"),
 ])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import lightgbm
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_aitp.errors import ModelError
-from celery_aitp.predict.compiled import compile_forest
+from celery_aitp.predict.compiled import CompiledRuntimeModel, compile_forest
 from celery_aitp.predict.lgb_text import parse_model_text
 from tests.unit.test_compiled import booster, data, probe
 
@@ -63,6 +64,26 @@ def test_a_one_leaf_model_is_read():
     dump = parse_model_text(one.model_to_string())
     forest, _, _ = compile_forest(dump, 2)
     assert forest([0.0, 0.0]) == pytest.approx(one.predict(x[:1], raw_score=True)[0])
+
+
+def test_an_infinite_threshold_splitting_missing_from_numbers_is_reproduced():
+    """LightGBM writes ``inf`` for a split that sends every number left, NaN right."""
+    rng = np.random.default_rng(0)
+    x = np.c_[rng.integers(0, 60, 60).astype(float),
+              np.where(rng.random(60) < 0.3, np.nan, rng.random(60) * 5)]
+    y = np.log(x[:, 0] / 1000 + 0.01) + np.isnan(x[:, 1])
+    model = lightgbm.train({"objective": "regression", "verbose": -1, "min_data_in_leaf": 3,
+                            "num_leaves": 8}, lightgbm.Dataset(x, y), 10)
+    text = model.model_to_string()
+    assert any(line.startswith("threshold=") and " inf" in line for line in text.splitlines())
+
+    dump = parse_model_text(text)
+    forests = CompiledRuntimeModel(dump, dump, 2)
+    rows = x.tolist() + [[5.0, 1e305], [5.0, math.inf], [5.0, -math.inf], [math.nan] * 2]
+    theirs = model.predict(np.array(rows), raw_score=True).tolist()
+    assert [forests.scores(r)[0] for r in rows] == theirs
+    assert forests.key_scores is not None
+    assert [forests.key_scores(forests.key(r))[0] for r in rows] == theirs
 
 
 @pytest.mark.parametrize("cut", [0, 10, 200, 0.5, 0.9])
