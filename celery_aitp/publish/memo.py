@@ -59,8 +59,10 @@ from celery_aitp.publish.priority_stage import PriorityStage
 from celery_aitp.publish.profile_stage import ProfileStage
 from celery_aitp.publish.request import (
     Decision,
+    HeaderFrame,
     Request,
     header_json,
+    prefix_of,
     record_json_of,
     root_id_of,
 )
@@ -117,11 +119,17 @@ class _Same:
         return id(self.value)
 
 
+#: A decision derived by score band, as :func:`_band_decision` builds it: (the band's
+#: decision, the model's cache key, p50, p90, score, runtime factor).
+_Derivation = tuple[Decision, tuple[Any, ...], float, float, float, float]
+
+
 class Template:
     """One decision, kept to be handed out again with another id and time."""
 
     __slots__ = ("task", "header_prefix", "counter", "tally", "notes", "routed", "queue",
                  "reason", "charge", "_decision", "_json")
+    _decision: Decision | _Derivation | None
 
     def __init__(self, decision: Decision, charge: tuple[str, str, float],
                  counters: Counters) -> None:
@@ -135,8 +143,20 @@ class Template:
         self.queue = decision.queue or ""
         self.reason = decision.reason
         self.charge = charge
-        self._decision: Decision | None = decision
+        self._decision = decision
         self._json: tuple[str, str] | None = None
+
+    def derived(self, header_prefix: str, charge: tuple[str, str, float],
+                derivation: _Derivation) -> Template:
+        """This template for a decision derived from its own by score band: all the same
+        but the header (its numbers), the charge and the record, which is built from
+        ``derivation`` when first needed (by the refresher, off the publish path)."""
+        other = Template.__new__(Template)
+        other.task, other.counter, other.tally = self.task, self.counter, self.tally
+        other.notes, other.routed, other.queue = self.notes, self.routed, self.queue
+        other.reason, other.header_prefix, other.charge = self.reason, header_prefix, charge
+        other._decision, other._json = derivation, None
+        return other
 
     def record_parts(self) -> tuple[str, str]:
         """The record's JSON around the task id (encoded once, by the refresher thread
@@ -145,9 +165,24 @@ class Template:
         if found is None:
             decision = self._decision
             assert decision is not None  # set until the JSON is made
+            if isinstance(decision, tuple):
+                decision = _band_decision(*decision)
             found = self._json = (decision.record_head(), decision.record_body())
             self._decision = None  # only its JSON is needed from now on
         return found
+
+
+def _band_decision(prototype: Decision, feature_key: tuple[Any, ...], p50: float, p90: float,
+                   score: float, runtime: float) -> Decision:
+    """The decision the pipeline would make for a task derived by score band from
+    ``prototype``: the same but its prediction, score and runtime factor (the id and the
+    times are not part of a template's record)."""
+    decision = prototype.for_task("", prototype.decided_at)
+    decision.feature_key = feature_key
+    decision.predicted_runtime_s, decision.predicted_p90_s = p50, p90
+    decision.score = score
+    decision.factors = {**(prototype.factors or {}), "runtime": runtime}
+    return decision
 
 
 class Reused:
@@ -192,9 +227,11 @@ class Reused:
 #: What the memo key reads from a view's sources: the tenants above their fair share,
 #: the model (None at cold start), the history features by (tenant, task).
 _Reads = tuple[frozenset[str], Any, Mapping[tuple[str, str], Any]]
+#: A score band's decision made by the pipeline, its template and its header frame.
+_Band = tuple[Decision, Template, HeaderFrame]
 #: The memo's state for one view (see ``DecisionMemo._state``).
 _State = tuple[View | None, Any, dict[tuple[Any, ...], Template],
-               dict[tuple[Any, ...], Template], _Reads, dict[tuple[Any, ...], Decision]]
+               dict[tuple[Any, ...], Template], _Reads, dict[tuple[Any, ...], _Band]]
 _NO_READS: _Reads = (frozenset(), None, {})
 
 
@@ -328,26 +365,29 @@ class DecisionMemo:
         through the runtime factor, the score and its band, and the fair-share charge:
         profile, tier, steps, route, gate and the explicit-queue fallback follow from
         the band and the key. So it is that decision with the prediction, the score and
-        the runtime factor this task gets (computed by the priority stage itself).
+        the runtime factor this task gets (computed by the priority stage itself). Only
+        what the publish needs is made here: the header (the band's frame with this
+        task's numbers) and the charge; the record is built when it is shipped.
         """
         if self.visibility is not None and not self.visibility.passes(p50, p90):
             return None
-        scored = self.priority.rescore(key[0], key[1], p90)
+        priority = self.priority
+        scored = priority.rescore(key[0], key[1], p90)
         if scored is None:
             return None
         runtime, score, rank = scored
-        prototype = state[5].get((*key[:_CACHE_KEY_AT], rank))
-        if prototype is None or prototype.factors is None:
+        band = state[5].get((*key[:_CACHE_KEY_AT], rank))
+        if band is None:
             return None
-        decision = prototype.for_task(task_id, now)
-        decision.feature_key = key[_CACHE_KEY_AT]
-        decision.predicted_runtime_s, decision.predicted_p90_s = p50, p90
-        decision.score = score
-        decision.factors = {**prototype.factors, "runtime": runtime}
-        kept = self.keep(view, key, decision)
-        if kept is not None:
-            self._charges.append(kept.template.charge)  # as the priority stage would
-        return kept
+        prototype, template, frame = band
+        feature_key = key[_CACHE_KEY_AT]
+        derived = template.derived(
+            prefix_of(frame, p50, p90, score),
+            priority.charge_for(prototype.tenant, prototype.tier, p50),
+            (prototype, feature_key, p50, p90, score, runtime))
+        self._hold(state, key, derived, self.outcome_key(key, p50, p90))
+        self._charges.append(derived.charge)  # as the priority stage would
+        return Reused(derived, task_id, now)
 
     def make(self, request: Request, view: View, key: tuple[Any, ...],
              finish: Callable[[Decision], None] | None = None) -> Decision | Reused:
@@ -361,7 +401,7 @@ class DecisionMemo:
         kept = self.keep(view, key, decision)
         if kept is None:
             return decision
-        self._keep_band(view, key, decision)
+        self._keep_band(view, key, decision, kept.template)
         return kept
 
     def _split_rule(self, view: View) -> SplitRule | None:
@@ -411,22 +451,29 @@ class DecisionMemo:
         if state[0] is not view:
             return None  # the view changed meanwhile
         template = Template(decision, self.priority.charge_of(decision), self.counters)
-        _put(state[2], key, template, self.limit)
-        if decision.feature_key is not None and decision.prediction_source == "model":
-            _put(state[3], self.outcome_key(key, decision.predicted_runtime_s,
-                                            decision.predicted_p90_s), template, self.limit)
+        by_outcome = decision.feature_key is not None and decision.prediction_source == "model"
+        self._hold(state, key, template, self.outcome_key(
+            key, decision.predicted_runtime_s, decision.predicted_p90_s) if by_outcome else None)
         return Reused(template, decision.task_id, decision.decided_at)
 
-    def _keep_band(self, view: View, key: tuple[Any, ...], decision: Decision) -> None:
-        """Keep a decision the pipeline made (with a model) as its score band's, for
-        :meth:`_derive`, unless the band has one already."""
+    def _hold(self, state: _State, key: tuple[Any, ...], template: Template,
+              outcome: tuple[Any, ...] | None) -> None:
+        """Keep ``template`` under ``key`` and, with a model's prediction, its outcome key."""
+        _put(state[2], key, template, self.limit)
+        if outcome is not None:
+            _put(state[3], outcome, template, self.limit)
+
+    def _keep_band(self, view: View, key: tuple[Any, ...], decision: Decision,
+                   template: Template) -> None:
+        """Keep a decision the pipeline made (with a model) and its template as its score
+        band's, for :meth:`_derive`, unless the band has one already."""
         state = self._state
-        if state[0] is not view or decision.score is None or \
+        if state[0] is not view or decision.score is None or decision.factors is None or \
                 decision.prediction_source != "model":
             return
         band = (*key[:_CACHE_KEY_AT], self.priority.rank_of(decision.score))
         if band not in state[5]:
-            _put(state[5], band, decision, self.limit)
+            _put(state[5], band, (decision, template, decision.header_frame()), self.limit)
 
 
 _Kept = TypeVar("_Kept")

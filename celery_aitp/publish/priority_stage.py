@@ -239,9 +239,13 @@ class PriorityStage:
     def charge_of(self, decision: Decision) -> tuple[str, str, float]:
         """What a decision adds to its tenant's fair-share usage: the predicted runtime,
         or ``fair_share.default_cost_s`` without one."""
-        cost = decision.predicted_runtime_s
-        return (decision.tenant, decision.tier,
-                cost if cost is not None and cost >= 0 else self.default_cost)
+        return self.charge_for(decision.tenant, decision.tier, decision.predicted_runtime_s)
+
+    def charge_for(self, tenant: str, tier: str, runtime_s: float | None
+                   ) -> tuple[str, str, float]:
+        """``charge_of`` a decision for ``tenant`` at ``tier`` predicting ``runtime_s``."""
+        return tenant, tier, runtime_s if runtime_s is not None and runtime_s >= 0 \
+            else self.default_cost
 
     def _runtime(self, seconds: float | None) -> float:
         """``scheduling.factors.runtime_factor`` with the policy's constants precomputed."""

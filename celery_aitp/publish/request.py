@@ -208,25 +208,27 @@ class Decision:
     def header_prefix(self) -> str:
         """The header's JSON before ``decided_at`` (ending in a comma): all of it that
         does not depend on the time (:func:`header_json` puts it together)."""
+        return prefix_of(self.header_frame(), self.predicted_runtime_s, self.predicted_p90_s,
+                         self.score)
+
+    def header_frame(self) -> HeaderFrame:
+        """The header prefix's text around its three numbers (p50, p90, score), for
+        :func:`prefix_of`. Decisions that differ only in those numbers share a frame, so
+        the memo writes the header of a decision derived by score band without the rest.
+        """
         fragment = _fragment(_HEADER_JSON, _HEADER_FIELDS, (
             self.tenant, self.tier, self.accelerator, self.stage, self.routed, self.queue,
             self.reason))
-        p50 = self.predicted_runtime_s
-        if p50 is None:
-            text = f'{{"v":{HEADER_VERSION},{fragment},"predicted_runtime_s":null,'
-        else:  # one f-string: each concatenation copies the text so far
-            text = (f'{{"v":{HEADER_VERSION},{fragment},'
-                    f'"predicted_runtime_s":{json_number(p50)},'
-                    f'"predicted_p90_s":{json_number(self.predicted_p90_s)},'
-                    f'"prediction_source":{_source_json(self.prediction_source)},')
+        middle = "" if self.predicted_runtime_s is None else \
+            f',"prediction_source":{_source_json(self.prediction_source)},'
         if self.arm is not None:
-            text += f'"arm":{_ENCODE(self.arm)},'
+            middle += f'"arm":{_ENCODE(self.arm)},'
         if self.score is not None:
-            text += f'"score":{json_number(self.score)},'
+            middle += '"score":'
         origin = self.origin_at
-        if origin is not None and origin != self.decided_at:  # a retry's first publish
-            text += f'"origin_at":{json_number(origin)},'
-        return text
+        tail = "" if origin is None or origin == self.decided_at else \
+            f'"origin_at":{json_number(origin)},'  # a retry's first publish
+        return f'{{"v":{HEADER_VERSION},{fragment},"predicted_runtime_s":', middle, tail
 
     def record(self) -> dict[str, Any]:
         """The decision as stored for comparison and ``explain`` (every field, even unset).
@@ -287,6 +289,26 @@ class Decision:
                 f'"score":{json_number(self.score)},'
                 f'"factors":{_factors(self.factors)},'
                 f'"profile":{_shared(self.profile)},"tier_steps":{_shared(self.tier_steps)}')
+
+
+#: (before the p50, between the p90 and the score, after the score): see ``prefix_of``.
+HeaderFrame = tuple[str, str, str]
+
+
+def prefix_of(frame: HeaderFrame, p50: float | None, p90: float | None,
+              score: float | None) -> str:
+    """A header prefix from its frame (:meth:`Decision.header_frame`) and its numbers:
+    the p50 (``null`` when unknown; then no p90 either) and the score (left out when
+    unset). One f-string: each concatenation would copy the text so far."""
+    head, middle, tail = frame
+    if score is None:
+        if p50 is None:
+            return f"{head}null,{middle}{tail}"
+        return f'{head}{json_number(p50)},"predicted_p90_s":{json_number(p90)}{middle}{tail}'
+    if p50 is None:
+        return f"{head}null,{middle}{json_number(score)},{tail}"
+    return (f'{head}{json_number(p50)},"predicted_p90_s":{json_number(p90)}{middle}'
+            f'{json_number(score)},{tail}')
 
 
 def header_json(prefix: str, decided_at: Any) -> str:
