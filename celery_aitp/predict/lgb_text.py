@@ -61,7 +61,10 @@ def _int(value: str, what: str) -> int:
         raise ModelError(f"{what}: not an integer: {value[:40]!r}") from None
 
 
-def _array(tree: dict[str, str], key: str, length: int, kind: type) -> list[Any]:
+def _array(tree: dict[str, str], key: str, length: int, kind: type,
+           upper_inf: bool = False) -> list[Any]:
+    """``tree[key]`` as ``length`` values of ``kind``; floats finite, or +inf where
+    ``upper_inf`` allows it."""
     raw = tree.get(key)
     if raw is None:
         raise ModelError(f"a tree has no {key}")
@@ -71,10 +74,9 @@ def _array(tree: dict[str, str], key: str, length: int, kind: type) -> list[Any]
         raise ModelError(f"{key}: malformed values") from None
     if len(values) != length:
         raise ModelError(f"{key}: {len(values)} values, expected {length}")
-    # A threshold may be +inf (LightGBM's last bin edge: only a missing value goes right).
-    allowed = (math.inf,) if key == "threshold" else ()
-    if kind is float and not all(math.isfinite(v) or v in allowed for v in values):
-        raise ModelError(f"{key}: values must be finite")
+    if kind is float and not all(math.isfinite(v) or (upper_inf and v == math.inf)
+                                 for v in values):
+        raise ModelError(f"{key}: values must be finite{' or +inf' if upper_inf else ''}")
     return values
 
 
@@ -104,7 +106,8 @@ def _tree(tree: dict[str, str], n_features: int) -> dict[str, Any]:
         return {"tree_structure": {"leaf_value": leaf_value[0]}}
     n = leaves - 1
     feature = _array(tree, "split_feature", n, int)
-    threshold = _array(tree, "threshold", n, float)
+    # +inf is LightGBM's last bin edge: every number goes left, only a missing value right
+    threshold = _array(tree, "threshold", n, float, upper_inf=True)
     decision = _array(tree, "decision_type", n, int)
     left = _array(tree, "left_child", n, int)
     right = _array(tree, "right_child", n, int)

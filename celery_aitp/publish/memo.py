@@ -380,11 +380,10 @@ class DecisionMemo:
         if band is None:
             return None
         prototype, template, frame = band
-        feature_key = key[_CACHE_KEY_AT]
         derived = template.derived(
             prefix_of(frame, p50, p90, score),
             priority.charge_for(prototype.tenant, prototype.tier, p50),
-            (prototype, feature_key, p50, p90, score, runtime))
+            (prototype, key[_CACHE_KEY_AT], p50, p90, score, runtime))
         self._hold(state, key, derived, self.outcome_key(key, p50, p90))
         self._charges.append(derived.charge)  # as the priority stage would
         return Reused(derived, task_id, now)

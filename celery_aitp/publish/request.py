@@ -299,16 +299,12 @@ def prefix_of(frame: HeaderFrame, p50: float | None, p90: float | None,
               score: float | None) -> str:
     """A header prefix from its frame (:meth:`Decision.header_frame`) and its numbers:
     the p50 (``null`` when unknown; then no p90 either) and the score (left out when
-    unset). One f-string: each concatenation would copy the text so far."""
+    unset)."""
     head, middle, tail = frame
-    if score is None:
-        if p50 is None:
-            return f"{head}null,{middle}{tail}"
-        return f'{head}{json_number(p50)},"predicted_p90_s":{json_number(p90)}{middle}{tail}'
-    if p50 is None:
-        return f"{head}null,{middle}{json_number(score)},{tail}"
-    return (f'{head}{json_number(p50)},"predicted_p90_s":{json_number(p90)}{middle}'
-            f'{json_number(score)},{tail}')
+    prediction = "null," if p50 is None else \
+        f'{json_number(p50)},"predicted_p90_s":{json_number(p90)}'
+    scored = "" if score is None else f"{json_number(score)},"
+    return f"{head}{prediction}{middle}{scored}{tail}"
 
 
 def header_json(prefix: str, decided_at: Any) -> str:

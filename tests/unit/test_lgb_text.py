@@ -87,6 +87,40 @@ def test_an_infinite_threshold_splitting_missing_from_numbers_is_reproduced():
     assert [forests.key_scores(forests.key(r))[0] for r in rows] == theirs
 
 
+def _with_threshold(text: str, categorical: bool, value: str) -> str:
+    """``text`` with the threshold of its first numeric (or categorical) split set."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("decision_type="):
+            kinds = [int(v) & 1 == 1 for v in line.partition("=")[2].split()]
+            if categorical in kinds:
+                at = kinds.index(categorical)
+                j = next(k for k in range(i, 0, -1) if lines[k].startswith("threshold="))
+                values = lines[j].partition("=")[2].split()
+                values[at] = value
+                lines[j] = "threshold=" + " ".join(values)
+                return "\n".join(lines)
+    raise AssertionError("no such split")
+
+
+@pytest.mark.parametrize("categorical, value, message", [
+    (False, "-inf", "finite or \\+inf"), (False, "nan", "finite or \\+inf"),
+    (True, "inf", "cat_boundaries"),
+])
+def test_only_a_numeric_split_may_have_an_infinite_threshold(text, categorical, value,
+                                                             message):
+    with pytest.raises(ModelError, match=message):
+        parse_model_text(_with_threshold(text, categorical, value))
+
+
+def test_an_infinite_leaf_value_is_refused(text):
+    lines = text.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith("leaf_value="))
+    lines[i] = "leaf_value=inf " + " ".join(lines[i].partition("=")[2].split()[1:])
+    with pytest.raises(ModelError, match="leaf_value: values must be finite$"):
+        parse_model_text("\n".join(lines))
+
+
 @pytest.mark.parametrize("cut", [0, 10, 200, 0.5, 0.9])
 def test_truncated_texts_are_refused(text, cut):
     end = int(len(text) * cut) if isinstance(cut, float) else cut
