@@ -25,7 +25,7 @@ _FILE = click.Path(exists=True, dir_okay=False)
 
 @click.command("train")
 @click.option("--observations", required=True, type=_FILE,
-              help="JSON-lines file of observation records (schema in the README).")
+              help="JSON-lines file of observation records (schema in docs/prediction.md).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Directory to write the model to (meta.json, p50.txt, p90.txt).")
 def train_command(observations: str, out: str) -> None:
