@@ -56,7 +56,7 @@ def track_declarations() -> None:
             super(Task, cls).__init_subclass__(**kwargs)
         _declared[cls] = cls.__dict__.get("acks_late") is not None
 
-    Task.__init_subclass__ = classmethod(_record)  # type: ignore[assignment]
+    Task.__init_subclass__ = classmethod(_record)
     _tracking = True
 
 
