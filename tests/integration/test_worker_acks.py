@@ -11,14 +11,12 @@ connection drops) is one the worker would have acknowledged only after the run.
 from __future__ import annotations
 
 import json
-import time
-from typing import Any
 
 import pytest
 import redis
 from kombu import Connection
 
-from tests.support.live import wait_live
+from tests.support.live import wait_for, wait_live
 
 pytestmark = [
     pytest.mark.slow,
@@ -26,16 +24,6 @@ pytestmark = [
                                        pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)]),
 ]
 TENANT = {"aitp_tenant": "acme"}
-
-
-def wait_for(check: Any, what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def unacked_ids_redis(url: str) -> set[str]:
@@ -51,8 +39,8 @@ def requeued_ids_rabbitmq(url: str, queues: list[str]) -> set[str]:
     with Connection(url, connect_timeout=5) as conn:
         channel = conn.channel()
         for queue in queues:
-            wait_for(lambda q=queue: channel.queue_declare(q, passive=True).consumer_count == 0
-                     or None, f"the killed worker's consumer to leave {queue}")
+            wait_for(lambda q=queue: channel.queue_declare(q, passive=True).consumer_count == 0,
+                     30, f"the killed worker's consumer to leave {queue}")
             while (message := channel.basic_get(queue, no_ack=True)) is not None:
                 ids.add(message.headers["id"])
         channel.close()
@@ -71,12 +59,12 @@ def test_only_tier_deliveries_of_tasks_without_their_own_setting_ack_late(
 
     store = redis.Redis.from_url(redis_url)
     wait_for(lambda: set(map(bytes.decode, store.lrange(f"{proj.PREFIX}:held", 0, -1))) == ids,
-             "all three runs to start")
+             30, "all three runs to start")
     # The worker acknowledges in its main process when it accepts a run; 'active' lists
     # a run only once that is done.
     wait_for(lambda: {t["id"] for reply in (proj.app.control.inspect(timeout=2).active()
                                              or {}).values() for t in reply} == ids,
-             "the worker to have accepted the three runs")
+             30, "the worker to have accepted the three runs")
     worker.kill()
 
     if broker == "redis":
