@@ -236,7 +236,7 @@ def test_metrics_health_and_readiness(system):
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for name in ("aitp_decisions", "aitp_queue_depth", "aitp_queue_oldest_age_seconds",
                  "aitp_queue_wait_seconds", "aitp_run_seconds", "aitp_prediction_error_seconds",
-                 "aitp_prediction_relative_error", "aitp_sla_misses", "aitp_tenant_share",
+                 "aitp_prediction_relative_error", "aitp_sla_misses", "aitp_tenant_share_ratio",
                  "aitp_fairness_index", "aitp_priority_entropy", "aitp_model_loaded",
                  "aitp_model_info", "aitp_stage", "aitp_workers"):
         assert name in families, name
