@@ -20,13 +20,12 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,10 +36,10 @@ import httpx2 as httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import TEST_POLICY, _cleanup
+from tests.conftest import TEST_POLICY, _cleanup, environment
 from tests.support.browser import browser_context
+from tests.support.dashboard_process import DashboardCommand, free_port, listening, wait_for
 from tests.support.programs import program
-from tests.support.workers import ROOT
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -111,29 +110,6 @@ http {{
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_for(predicate: Any, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), 0.5):
-            return True
-    except OSError:
-        return False
-
-
 def make_certificate(directory: Path) -> Path:
     """A self-signed certificate for 127.0.0.1 (cert.pem, key.pem in ``directory``)."""
     subprocess.run([program("openssl", "openssl"), "req", "-x509", "-newkey", "rsa:2048",
@@ -165,10 +141,10 @@ class Nginx:
 
         def up() -> bool:
             assert self.proc is not None and self.proc.poll() is None, self.log()
-            return all(_listening(p) for k, p in self.ports.items()
+            return all(listening(p) for k, p in self.ports.items()
                        if k in ("tls_port", "plain_tls_port", "auth_port"))
 
-        _wait_for(up, "nginx")
+        wait_for(up, "nginx", timeout_s=30.0)
         return self
 
     def log(self) -> str:
@@ -226,63 +202,39 @@ def proxied(redis_url: str) -> Iterator[Proxied]:
     env = {"AITP_TEST_BROKER": redis_url, "AITP_TEST_PREFIX": f"aitptest-{tag}",
            "AITP_TEST_QUEUE": f"aitptest-{tag}", "AITP_TEST_POLICY": json.dumps(TEST_POLICY),
            "AITP_TEST_WORKER_TTL": "3600"}  # the advertised worker stays live
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    sys.modules.pop("tests.apps.proj", None)
-    proj = importlib.import_module("tests.apps.proj")
-    tmp = Path(tempfile.mkdtemp(prefix="aitp-nginx-"))
-    dashboard: subprocess.Popen[bytes] | None = None
-    plain: Any = None
-    nginx: Nginx | None = None
-    log = tmp / "dashboard.log"
-    try:
-        decision = _seed(proj)
-        ca = make_certificate(tmp)
-        plain = BackgroundServer(proj.app.aitp, DashboardConfig(
-            port=0, url_prefix=PREFIX, refresh_s=0.5)).start()
-        dash_port = free_port()
-        cmd = [sys.executable, "-m", "celery", "-A", "tests.apps.proj", "aitp", "dashboard",
-               "--port", str(dash_port), "--refresh", "0.5", "--url-prefix", PREFIX,
-               "--proxy-headers", "--auth-header", "X-Forwarded-User", "--flower-url", FLOWER]
-        with open(log, "wb") as out:
-            dashboard = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                                         cwd=str(ROOT), stdout=out, stderr=out,
-                                         start_new_session=True)
-
-        def up() -> bool:
-            assert dashboard is not None and dashboard.poll() is None, log.read_text()
-            return _listening(dash_port)
-
-        _wait_for(up, "the dashboard")
-        tls_port, plain_tls_port = free_port(), free_port()
-        nginx = Nginx(tmp, auth_port=free_port(), tls_port=tls_port,
-                      plain_tls_port=plain_tls_port, dash_port=dash_port,
-                      plain_port=plain.port).start()
-        yield Proxied(url=f"https://127.0.0.1:{tls_port}",
-                      plain_url=f"https://127.0.0.1:{plain_tls_port}", dash_port=dash_port,
-                      store=proj.app.aitp.store, ca=ca, decision=decision)
-    finally:
-        if nginx is not None:
-            nginx.stop()
-        if dashboard is not None and dashboard.poll() is None:
-            dashboard.send_signal(signal.SIGTERM)
-            try:
-                dashboard.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(dashboard.pid, signal.SIGKILL)
-        if plain is not None:
-            plain.stop()
-        proj.app.aitp.close()
+    with environment(env):
         sys.modules.pop("tests.apps.proj", None)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        _cleanup(redis_url, tag)
-        for path in sorted(tmp.rglob("*"), reverse=True):
-            path.rmdir() if path.is_dir() else path.unlink()
-        tmp.rmdir()
+        proj = importlib.import_module("tests.apps.proj")
+        tmp = Path(tempfile.mkdtemp(prefix="aitp-nginx-"))
+        dashboard = DashboardCommand(["--refresh", "0.5", "--url-prefix", PREFIX,
+                                      "--proxy-headers", "--auth-header", "X-Forwarded-User",
+                                      "--flower-url", FLOWER])
+        plain: Any = None
+        nginx: Nginx | None = None
+        try:
+            decision = _seed(proj)
+            ca = make_certificate(tmp)
+            plain = BackgroundServer(proj.app.aitp, DashboardConfig(
+                port=0, url_prefix=PREFIX, refresh_s=0.5)).start()
+            dashboard.start()
+            tls_port, plain_tls_port = free_port(), free_port()
+            nginx = Nginx(tmp, auth_port=free_port(), tls_port=tls_port,
+                          plain_tls_port=plain_tls_port, dash_port=dashboard.port,
+                          plain_port=plain.port).start()
+            yield Proxied(url=f"https://127.0.0.1:{tls_port}",
+                          plain_url=f"https://127.0.0.1:{plain_tls_port}",
+                          dash_port=dashboard.port, store=proj.app.aitp.store, ca=ca,
+                          decision=decision)
+        finally:
+            if nginx is not None:
+                nginx.stop()
+            dashboard.stop()
+            if plain is not None:
+                plain.stop()
+            proj.app.aitp.close()
+            sys.modules.pop("tests.apps.proj", None)
+            _cleanup(redis_url, tag)
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _change_stage(client: httpx.Client, site: str, stage: str) -> httpx.Response:
