@@ -60,3 +60,4 @@ def test_families_follow_the_naming_conventions():
                                           or name == OTHER_EVENTS), name
     exact = [key for family in EVENT_COUNTERS.values() for key in family.keys]
     assert len(exact) == len(set(exact))  # each key feeds one family
+
