@@ -265,36 +265,33 @@ def test_the_service_monitor_selects_the_dashboard_service_and_its_port():
     assert service["spec"]["selector"].items() <= pods.items()
 
 
-QUEUE_MATCH = re.compile(r'queue=~"([^"]+)"')
+def matchers(selector: str) -> dict[str, str]:
+    """``{label: value}`` of a PromQL selector's ``label="value"`` matchers."""
+    return dict(re.findall(r'(\w+)\s*=\s*"([^"]*)"', selector))
 
 
-def tier_queues(accelerator: str) -> set[str]:
-    """Broker queue names of one class: per tier on Redis, per tenant on RabbitMQ."""
-    names = set()
-    for tenant in POLICY.tenants:
-        names.add(f"aitp.{tenant}.{accelerator}")
-        names.update(f"aitp.{tenant}.{accelerator}.{tier}" for tier in POLICY.tier_names)
-    return names
-
-
-def test_keda_scales_each_worker_on_the_depth_of_the_queues_it_serves():
+def test_keda_scales_each_worker_on_the_backlog_of_the_queues_it_serves():
     deployments = of_kind("Deployment")
     scaled = of_kind("ScaledObject")
     assert set(scaled) == {"aitp-worker-cpu", "aitp-worker-gpu"}
     for name, obj in scaled.items():
         spec = obj["spec"]
         target = deployments[spec["scaleTargetRef"]["name"]]
-        accelerator = option(containers(target)[0]["command"], "--aitp-accelerator")
+        command = containers(target)[0]["command"]
+        accelerator = option(command, "--aitp-accelerator")
         assert spec["minReplicaCount"] >= 1  # a class at zero is never routed to: no depth
         (trigger,) = spec["triggers"]
         assert trigger["type"] == "prometheus"
         assert all(isinstance(v, str) for v in trigger["metadata"].values())  # KEDA's rule
-        query = trigger["metadata"]["query"]
-        for metric, labels in re.findall(r"(aitp_[a-z_]+)\{([^}]*)\}", query):
-            assert metric in METRICS, metric
-            used = {label.split("=")[0].rstrip("!~").strip() for label in labels.split(",")}
-            assert used <= set(METRICS[metric][1]), (metric, used)
-        (pattern,) = QUEUE_MATCH.findall(query)
-        others = set().union(*(tier_queues(a) for a in POLICY.accelerators if a != accelerator))
-        assert all(re.fullmatch(pattern, q) for q in tier_queues(accelerator)), name
-        assert not any(re.fullmatch(pattern, q) for q in others), name
+        selectors = re.findall(r"(aitp_[a-z_]+)\{([^}]*)\}", trigger["metadata"]["query"])
+        kinds = set()
+        for metric, selector in selectors:
+            assert metric == "aitp_queue_depth", metric
+            found = matchers(selector)
+            assert set(found) <= set(METRICS[metric][1]), (metric, found)
+            kinds.add(found["kind"])
+            if found["kind"] == "tier":  # this class's tier queues, every tenant and tier
+                assert found == {"kind": "tier", "accelerator": accelerator}, name
+        # the default queue's backlog counts exactly where the worker serves it
+        assert ("default" in kinds) == ("--aitp-no-default-queue" not in command), name
+        assert "tier" in kinds, name
