@@ -32,9 +32,9 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
         fail(str(exc))
     tiers = policy.tier_names
     classes: dict[str, dict[str, Any]] = {}
-    for accelerator, counts in sizes.items():
-        recent = sum(counts)
-        cuts = best_cuts(counts, len(tiers), policy.placement.load) \
+    for accelerator, hist in sizes.items():
+        recent = hist.total
+        cuts = best_cuts(hist, len(tiers), policy.placement.load) \
             if recent >= policy.placement.min_samples else None
         classes[accelerator] = {
             "recent_sizes": round(recent, 1),

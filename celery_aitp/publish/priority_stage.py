@@ -38,7 +38,7 @@ from celery_aitp.scheduling.factors import (
     tenant_factor,
 )
 from celery_aitp.scheduling.feedback import BOOSTS_SOURCE, Boosts, BoostSource
-from celery_aitp.scheduling.size_classes import SizeClasses, size_bin
+from celery_aitp.scheduling.size_classes import SizeClasses
 from celery_aitp.scheduling.size_source import SIZES_SOURCE, SizeSource
 from celery_aitp.scheduling.usage import USAGE_SOURCE, UsageSource
 from celery_aitp.worker.running import running_origin
@@ -240,7 +240,7 @@ class PriorityStage:
         effective = (decision.tier_steps or {}).get("effective_size_s")
         if effective is None:
             return (usage,)
-        return usage, (self.sizes.pending, (decision.accelerator, size_bin(effective)))
+        return usage, (self.sizes.pending, (decision.accelerator, effective))
 
     def _header_impact(self, raw: Any, impact: float, decision: Decision) -> float:
         if not self.settings.header_labels:

@@ -21,15 +21,19 @@ little whatever the boundaries. On a bimodal mix this finds the gap between the 
 on a heavy-tailed one it gives the short majority the top tiers and the few huge tasks
 the lowest.
 
-Sizes are binned on a log scale (two bins per doubling from 1 ms), so boundaries are bin
-edges: they move only when the optimum moves by a whole bin, and then only if the new
-ones are clearly better (``min_gain``), so a steady mix gives steady tiers.
+Sizes are binned on a log scale (two bins per doubling from 1 ms); each bin keeps the
+count, the work and the sum of 1/size of its sizes, so the cost is exact for any split
+at bin edges (a mix of near-equal sizes that happens to straddle an edge does not look
+splittable). Boundaries are bin edges: they move only when the optimum moves by a whole
+bin, and then only if the new ones are clearly better (``min_gain``), so a steady mix
+gives steady tiers.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 #: Smallest size a bin tells apart (seconds); anything shorter is in bin 0.
 SMALLEST_S = 0.001
@@ -38,7 +42,7 @@ BINS_PER_DOUBLING = 2
 #: Number of bins: from 1 ms to about 2 ** 28 ms (3 days); longer is in the last bin.
 BIN_COUNT = 56
 #: How much better (relative mean slowdown) one more group must make the split.
-SPLIT_GAIN = 0.1
+SPLIT_GAIN = 0.2
 
 
 def size_bin(seconds: float) -> int:
@@ -49,40 +53,73 @@ def size_bin(seconds: float) -> int:
     return found if found < BIN_COUNT else BIN_COUNT - 1
 
 
-def bin_upper_s(index: int) -> float:
-    """The size (seconds) at the upper edge of bin ``index``."""
-    return SMALLEST_S * 2.0 ** ((index + 1) / BINS_PER_DOUBLING)
+def bin_lower_s(index: int) -> float:
+    """The size (seconds) at the lower edge of bin ``index``: a boundary at ``index``."""
+    return SMALLEST_S * 2.0 ** (index / BINS_PER_DOUBLING)
 
 
-def _bin_size_s(index: int) -> float:
-    """A bin's representative size: the geometric middle of its edges."""
-    return SMALLEST_S * 2.0 ** ((index + 0.5) / BINS_PER_DOUBLING)
+@dataclass
+class Histogram:
+    """Per size bin: how many sizes, their sum (the work) and the sum of 1/size."""
+
+    counts: list[float] = field(default_factory=lambda: [0.0] * BIN_COUNT)
+    work: list[float] = field(default_factory=lambda: [0.0] * BIN_COUNT)
+    inverse: list[float] = field(default_factory=lambda: [0.0] * BIN_COUNT)
+
+    def add(self, seconds: float, n: float = 1.0) -> None:
+        b = size_bin(seconds)
+        size = max(seconds, SMALLEST_S)
+        self.counts[b] += n
+        self.work[b] += n * size
+        self.inverse[b] += n / size
+
+    @classmethod
+    def of(cls, sizes: Iterable[float]) -> Histogram:
+        found = cls()
+        for size in sizes:
+            found.add(size)
+        return found
+
+    @property
+    def total(self) -> float:
+        return sum(self.counts)
 
 
-def slowdown_cost(counts: Sequence[float], cuts: Sequence[int], rho: float) -> float:
+class _Prefix:
+    """Prefix sums of a histogram, for the cost of any run of bins in O(1)."""
+
+    def __init__(self, hist: Histogram) -> None:
+        self.n, self.w, self.i = [0.0], [0.0], [0.0]
+        for count, work, inverse in zip(hist.counts, hist.work, hist.inverse, strict=True):
+            self.n.append(self.n[-1] + count)
+            self.w.append(self.w[-1] + work)
+            self.i.append(self.i[-1] + inverse)
+        self.total, self.all_work = self.n[-1], self.w[-1]
+
+    def cost(self, start: int, end: int, rho: float) -> float:
+        """One class holding bins ``start`` up to, not including, ``end``."""
+        if self.n[end] - self.n[start] <= 0:
+            return 0.0
+        inverse = (self.i[end] - self.i[start]) / self.total
+        return inverse / ((1 - rho * self.w[start] / self.all_work)
+                          * (1 - rho * self.w[end] / self.all_work))
+
+
+def slowdown_cost(hist: Histogram, cuts: Sequence[int], rho: float) -> float:
     """Cobham's relative mean slowdown (module docstring) of the classes that ``cuts``
-    make of the histogram ``counts``: class ``i`` holds the bins from ``cuts[i-1]`` (0
-    for the first) up to, not including, ``cuts[i]`` (the last class: to the end)."""
-    total, work = _totals(counts)
-    if total <= 0:
+    make of ``hist``: class ``i`` holds the bins from ``cuts[i-1]`` (0 for the first) up
+    to, not including, ``cuts[i]`` (the last class: to the end)."""
+    prefix = _Prefix(hist)
+    if prefix.total <= 0 or prefix.all_work <= 0:
         return 0.0
-    edges = [0, *cuts, len(counts)]
-    cost, done = 0.0, 0.0
-    for start, end in zip(edges, edges[1:], strict=False):
-        n = sum(counts[start:end])
-        w = sum(counts[b] * _bin_size_s(b) for b in range(start, end))
-        inverse = sum(counts[b] / _bin_size_s(b) for b in range(start, end))
-        if n > 0:
-            cost += (inverse / total) / ((1 - rho * done / work) * (1 - rho * (done + w) / work))
-        done += w
-    return cost
+    edges = [0, *cuts, BIN_COUNT]
+    return sum(prefix.cost(a, b, rho) for a, b in zip(edges, edges[1:], strict=False))
 
 
-def best_cuts(counts: Sequence[float], classes: int, rho: float,
+def best_cuts(hist: Histogram, classes: int, rho: float,
               split_gain: float = SPLIT_GAIN) -> tuple[int, ...]:
-    """The ``classes - 1`` bin indices that split the histogram ``counts`` into classes
-    with the least :func:`slowdown_cost` (non-decreasing; equal ones leave a class
-    empty).
+    """The ``classes - 1`` bin indices that split ``hist`` into classes with the least
+    :func:`slowdown_cost` (non-decreasing; equal ones leave a class empty).
 
     A boundary must earn its place: the fewest groups whose cost is within
     ``split_gain`` of the best are used, because a split that barely helps the mean
@@ -90,68 +127,49 @@ def best_cuts(counts: Sequence[float], classes: int, rho: float,
     groups than classes, the shortest group takes the top class, the longest the lowest,
     and the classes left empty are the ones in between; a mix with nothing to tell apart
     lands in the lowest class, as tasks do when nothing is known."""
-    n = len(counts)
-    total, work = _totals(counts)
     if classes <= 1:
         return ()
-    if total <= 0 or work <= 0:
-        return (n,) * (classes - 1)
-    found = [_groups(counts, m, rho, total, work) for m in range(1, classes + 1)]
+    prefix = _Prefix(hist)
+    if prefix.total <= 0 or prefix.all_work <= 0:
+        return (BIN_COUNT,) * (classes - 1)
+    found = [_groups(prefix, m, rho) for m in range(1, classes + 1)]
     least = min(cost for cost, _ in found)
     starts = next(starts for cost, starts in found if cost <= least * (1.0 + split_gain))
     middle = starts[1:-1]
     return (*middle, *[starts[-1]] * (classes - 1 - len(middle)))
 
 
-def _groups(counts: Sequence[float], classes: int, rho: float, total: float, work: float
-            ) -> tuple[float, list[int]]:
-    """(least cost, the non-empty groups' first bins) of splitting ``counts`` into at
-    most ``classes`` groups: a dynamic programme over the bin edges."""
-    n = len(counts)
-    # prefix sums: counts, work and count/size up to (not including) each edge
-    c_pre, w_pre, i_pre = [0.0], [0.0], [0.0]
-    for b, count in enumerate(counts):
-        c_pre.append(c_pre[-1] + count)
-        w_pre.append(w_pre[-1] + count * _bin_size_s(b))
-        i_pre.append(i_pre[-1] + count / _bin_size_s(b))
-
-    def segment(start: int, end: int) -> float:
-        if c_pre[end] - c_pre[start] <= 0:
-            return 0.0
-        inverse = (i_pre[end] - i_pre[start]) / total
-        return inverse / ((1 - rho * w_pre[start] / work) * (1 - rho * w_pre[end] / work))
-
+def _groups(prefix: _Prefix, classes: int, rho: float) -> tuple[float, list[int]]:
+    """(least cost, the non-empty groups' first bins) of splitting the histogram into
+    at most ``classes`` groups: a dynamic programme over the bin edges."""
+    n = BIN_COUNT
     # best[e]: least cost of the groups so far ending at edge e; how[k][e]: its start
-    best = [segment(0, e) for e in range(n + 1)]
+    best = [prefix.cost(0, e, rho) for e in range(n + 1)]
     how: list[list[int]] = []
     for _ in range(classes - 2):
         nxt: list[float] = []
         choice: list[int] = []
         for end in range(n + 1):
-            start = _argmin([best[s] + segment(s, end) for s in range(end + 1)])
-            nxt.append(best[start] + segment(start, end))
+            start = _argmin([best[s] + prefix.cost(s, end, rho) for s in range(end + 1)])
+            nxt.append(best[start] + prefix.cost(start, end, rho))
             choice.append(start)
         best = nxt
         how.append(choice)
     if classes == 1:
         cost, cuts = best[n], []
     else:
-        last = _argmin([best[s] + segment(s, n) for s in range(n + 1)])
-        cost, cuts = best[last] + segment(last, n), [last]
+        last = _argmin([best[s] + prefix.cost(s, n, rho) for s in range(n + 1)])
+        cost, cuts = best[last] + prefix.cost(last, n, rho), [last]
         for choice in reversed(how):
             cuts.append(choice[cuts[-1]])
     edges = [0, *reversed(cuts), n]
-    return cost, [a for a, b in zip(edges, edges[1:], strict=False) if c_pre[b] > c_pre[a]]
+    return cost, [a for a, b in zip(edges, edges[1:], strict=False)
+                  if prefix.n[b] > prefix.n[a]]
 
 
 def _argmin(values: list[float]) -> int:
     """The index of the least value (the first of equal ones)."""
     return min(range(len(values)), key=values.__getitem__)
-
-
-def _totals(counts: Sequence[float]) -> tuple[float, float]:
-    """(tasks, work in seconds) of a histogram."""
-    return sum(counts), sum(c * _bin_size_s(b) for b, c in enumerate(counts))
 
 
 class SizeClasses:
@@ -163,7 +181,7 @@ class SizeClasses:
     def __init__(self, cuts: Mapping[str, tuple[int, ...]] | None = None) -> None:
         self.cuts: dict[str, tuple[int, ...]] = dict(cuts or {})
         self.bounds: dict[str, tuple[float, ...]] = {
-            accelerator: tuple(SMALLEST_S * 2.0 ** (cut / BINS_PER_DOUBLING) for cut in found)
+            accelerator: tuple(bin_lower_s(cut) for cut in found)
             for accelerator, found in self.cuts.items()}
 
     def rank(self, accelerator: str, size_s: float | None, unknown: int) -> int:

@@ -1,9 +1,10 @@
 """Live-view source ``sizes``: the fleet's recent effective sizes, and the tier boundaries.
 
-The priority stage appends ``(accelerator, size bin)`` for every task it places to
+The priority stage appends ``(accelerator, effective size)`` for every task it places to
 :attr:`SizeSource.pending` (a deque append). Every ``placement.refresh_s`` the refresher
-adds them to one decaying store hash (``sizes``, half-life ``placement.window_s``; fields
-``<accelerator>:<bin>``) and reads the whole hash back in the same round trip, so every
+adds them to one decaying store hash (``sizes``, half-life ``placement.window_s``; per
+size bin the fields ``<accelerator>:<bin>`` (count), ``...:w`` (work) and ``...:i`` (sum
+of 1/size)) and reads the whole hash back in the same round trip, so every
 producer sees the whole fleet's recent mix and draws the same boundaries from it
 (:func:`~celery_aitp.scheduling.size_classes.best_cuts`). The value it publishes, a
 :class:`~celery_aitp.scheduling.size_classes.SizeClasses`, is replaced only when some
@@ -20,8 +21,11 @@ from typing import Any
 from celery_aitp.priority_policy import PlacementSettings
 from celery_aitp.scheduling.size_classes import (
     BIN_COUNT,
+    SMALLEST_S,
+    Histogram,
     SizeClasses,
     best_cuts,
+    size_bin,
     slowdown_cost,
 )
 from celery_aitp.store.decayed import DecayedSums, decayed_values, decode_hash
@@ -37,41 +41,45 @@ def sizes_key(store: RedisStore) -> str:
     return store.keys.any("sizes")
 
 
-def histograms(values: Mapping[str, float]) -> dict[str, list[float]]:
-    """Per accelerator class, the decayed count of each size bin (fields it cannot read
-    are ignored: anyone who can write the store can write this hash)."""
-    found: dict[str, list[float]] = {}
+def histograms(values: Mapping[str, float]) -> dict[str, Histogram]:
+    """Per accelerator class, the decayed histogram (fields it cannot read are ignored:
+    anyone who can write the store can write this hash)."""
+    found: dict[str, Histogram] = {}
     for name, value in values.items():
-        accelerator, _, index = name.rpartition(":")
-        if not accelerator or not index.isdigit() or not value > 0:
+        parts = name.rsplit(":", 2)
+        kind = parts.pop() if len(parts) == 3 else "n"
+        if len(parts) != 2 or kind not in ("n", "w", "i"):
             continue
-        b = int(index)
-        if b < BIN_COUNT:
-            found.setdefault(accelerator, [0.0] * BIN_COUNT)[b] += value
+        accelerator, index = parts
+        if not accelerator or not index.isdigit() or not value > 0 or int(index) >= BIN_COUNT:
+            continue
+        hist = found.setdefault(accelerator, Histogram())
+        column = hist.counts if kind == "n" else hist.work if kind == "w" else hist.inverse
+        column[int(index)] += value
     return found
 
 
-def read_sizes(store: RedisStore, now: float | None = None) -> dict[str, list[float]]:
+def read_sizes(store: RedisStore, now: float | None = None) -> dict[str, Histogram]:
     """The fleet's size histograms as of ``now`` (for the dashboard and explain)."""
     with translated_errors():
         raw = store.client.hgetall(sizes_key(store))
     return histograms(decayed_values(decode_hash(raw), time.time() if now is None else now)[0])
 
 
-def classes_for(hists: Mapping[str, list[float]], previous: SizeClasses, tiers: int,
+def classes_for(hists: Mapping[str, Histogram], previous: SizeClasses, tiers: int,
                 settings: PlacementSettings) -> SizeClasses:
     """Boundaries per accelerator class for these histograms: the best ones, unless the
     previous ones are within ``min_gain`` of them (then those stay); ``previous`` itself
     when nothing moved."""
     cuts: dict[str, tuple[int, ...]] = {}
-    for accelerator, counts in hists.items():
-        if sum(counts) < settings.min_samples:
+    for accelerator, hist in hists.items():
+        if hist.total < settings.min_samples:
             continue
-        best = best_cuts(counts, tiers, settings.load)
+        best = best_cuts(hist, tiers, settings.load)
         old = previous.cuts.get(accelerator)
         if old is not None and old != best and len(old) == len(best):
-            kept = slowdown_cost(counts, old, settings.load)
-            if slowdown_cost(counts, best, settings.load) > kept * (1.0 - settings.min_gain):
+            kept = slowdown_cost(hist, old, settings.load)
+            if slowdown_cost(hist, best, settings.load) > kept * (1.0 - settings.min_gain):
                 best = old
         cuts[accelerator] = best
     found = SizeClasses(cuts)
@@ -89,7 +97,7 @@ class SizeSource:
         self.settings = settings
         self.tiers = tiers
         self.clock = clock
-        self.pending: deque[tuple[str, int]] = deque(maxlen=PENDING_LIMIT)
+        self.pending: deque[tuple[str, float]] = deque(maxlen=PENDING_LIMIT)
         self._carry: dict[str, float] = {}
         self._last = float("-inf")
 
@@ -98,9 +106,11 @@ class SizeSource:
         amounts, self._carry = self._carry, {}
         pending = self.pending
         for _ in range(len(pending)):
-            accelerator, index = pending.popleft()
-            field = f"{accelerator}:{index}"
-            amounts[field] = amounts.get(field, 0.0) + 1.0
+            accelerator, seconds = pending.popleft()
+            size = max(seconds, SMALLEST_S)
+            field = f"{accelerator}:{size_bin(size)}"
+            for name, amount in ((field, 1.0), (f"{field}:w", size), (f"{field}:i", 1 / size)):
+                amounts[name] = amounts.get(name, 0.0) + amount
         return amounts
 
     def fetch(self, store: RedisStore, previous: Any) -> SizeClasses:

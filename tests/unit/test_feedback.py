@@ -7,7 +7,7 @@ from types import MappingProxyType
 import pytest
 
 from celery_aitp.policy import SplitSettings, Stage, parse_policy
-from celery_aitp.priority_policy import FeedbackSettings
+from celery_aitp.priority_policy import FeedbackSettings, PlacementSettings
 from celery_aitp.publish.live_view import View
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.publish.request import Request
@@ -111,16 +111,21 @@ def test_a_forged_boosts_hash_is_kept_to_the_policy(store):
         "acme": POLICY.feedback.max_boost}
 
 
-def test_the_placement_command_shows_boundaries_boosts_and_changes(app, store):
+def test_the_placement_command_shows_boundaries_boosts_and_changes(store):
     import json
 
+    from celery import Celery
     from click.testing import CliRunner
 
+    import celery_aitp
     from celery_aitp.cli.celery_command import aitp
     from celery_aitp.scheduling.size_source import SizeSource
 
+    app = Celery("placement-cli", broker="memory://")
+    celery_aitp.install(app, policy=POLICY.model_copy(update={"placement": PlacementSettings()}))
+    app.aitp.store = store
     sizes = SizeSource(app.aitp.policy.placement, 3)
-    sizes.pending.extend([("cpu", size_bin(0.02))] * 80 + [("cpu", size_bin(1.0))] * 20)
+    sizes.pending.extend([("cpu", 0.02)] * 80 + [("cpu", 1.0)] * 20)
     sizes.fetch(store, SizeClasses())
     store.client.hset(boosts_key(store), "acme", "4")
     result = CliRunner().invoke(aitp, ["placement", "--json"],

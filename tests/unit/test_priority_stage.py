@@ -209,7 +209,7 @@ def test_a_forged_aitp_header_cannot_claim_age():
 def test_every_decision_charges_fair_share_usage_and_sizes_in_the_background_batch():
     d, stage = decide(req(), p50=3.0)
     assert list(stage.usage.pending) == [("acme", "lo", 3.0)]
-    assert list(stage.sizes.pending) == [("cpu", size_bin(d.tier_steps["effective_size_s"]))]
+    assert list(stage.sizes.pending) == [("cpu", d.tier_steps["effective_size_s"])]
     _, stage = decide(req(tenant="globex"))
     assert list(stage.usage.pending) == [("globex", "lo", POLICY.fair_share.default_cost_s)]
     assert list(stage.sizes.pending) == []  # nothing known: no size to count
