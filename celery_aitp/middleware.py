@@ -321,8 +321,11 @@ class Middleware:
         if type(task_id) is not str:
             task_id = str(task_id or "")
         explicit = None if auto else _queue_name(options.get("queue"))
+        declared = self._declared.get(name)
+        if declared is None:
+            declared = self.declared(name)
         return Request.of_message(name, task_id, msg_headers, args, kwargs, headers,
-                                  self.declared(name), explicit, now, current_tenant())
+                                  declared, explicit, now, current_tenant())
 
     def _explicit_variant(self, explicit: str | None, view: View, layout: Layout
                           ) -> tuple[bool, bool]:

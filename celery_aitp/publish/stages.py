@@ -65,6 +65,9 @@ class TenantStage:
         raw: Any = request.headers.get("aitp_tenant")
         if raw is None and self.kwarg and isinstance(request.kwargs, dict):
             raw = request.kwargs.get(self.kwarg)
+        if raw is None and request.parent_tenant is None:  # the common case, at once
+            decision.tenant = self.default
+            return
         tenant, note = self.resolve(raw, request.parent_tenant)
         decision.tenant = tenant
         if note is not None:
