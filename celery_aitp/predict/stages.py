@@ -42,14 +42,15 @@ class FeatureStage:
         tenant = decision.tenant
         task = request.task
         history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features.get((tenant, task))
-        inputs = (task, tenant, request.args, request.kwargs, request.args_bytes,
-                  request.kwargs_bytes, request.declared.get("runtime_hint_s"),
-                  request.retries, request.published_at, history)
-        key = model.request_key
-        if key is not None:  # the key alone when the model can be walked over it
-            decision.feature_key = key(*inputs)
+        # the key alone when the model can be walked over it, else the vector
+        build = model.request_key or model.spec.vector
+        found = build(task, tenant, request.args, request.kwargs, request.args_bytes,
+                      request.kwargs_bytes, request.declared.get("runtime_hint_s"),
+                      request.retries, request.published_at, history)
+        if model.request_key is not None:
+            decision.feature_key = found
         else:
-            decision.features = model.spec.vector(*inputs)
+            decision.features = found
 
 
 class PredictStage:
