@@ -58,7 +58,7 @@ def test_routed_task_goes_to_the_tenant_priority_queue_with_its_tier_as_priority
     make_live(store, "aitp.acme.cpu.hi", "aitp.acme.cpu.lo")
     refresh(rabbit_app)
     rabbit_app.tasks["tests.unit.conftest.urgent"].apply_async(
-        (1,), headers={"aitp_tenant": "acme"}, priority=3)
+        (1,), headers={"aitp_tenant": "acme"})
     rabbit_app.tasks["tests.unit.conftest.plain"].apply_async(
         (1,), headers={"aitp_tenant": "acme"})
     hi, lo = sent[-2:]
