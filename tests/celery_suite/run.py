@@ -1,0 +1,196 @@
+"""Run Celery's own integration tests with celery_aitp in each stage, next to plain Celery.
+
+    python -m tests.celery_suite.run [--stages plain,coexistence,split,takeover]
+        [--broker redis|rabbitmq] [--modules test_canvas.py,test_tasks.py] [-k EXPR]
+
+The tests are the ``t/integration`` modules of the source distribution of the Celery
+version installed, fetched once with ``pip download celery==<version> --no-deps
+--no-binary :all:`` into ``AITP_CELERY_SUITE_CACHE`` (default ``.celery-suite/`` in the
+repository, ignored by git). Each stage runs in its own pytest process with
+``tests/celery_suite/plugin.py`` (which says what it changes and why) and its own private
+redis-server as broker and result backend: Celery's tests use fixed Redis keys and count
+the server's pub/sub channels, so stages, and other users of a shared server, must not
+meet. Stages run in parallel on Redis (the tests mostly wait on the worker); on RabbitMQ
+(``AITP_TEST_AMQP_URL``'s vhost, one at a time) the broker is RabbitMQ and the result
+backend the private Redis.
+
+Prints, per stage, the counts (passed, failed, skipped, errors), the deliveries the
+suite's worker received through tier queues, and every test whose outcome differs from
+plain Celery's; exits 1 if any does, or if fewer than half of the takeover deliveries
+went through tier queues. Tests plain Celery also fails or skips are listed apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGES = ("plain", "coexistence", "split", "takeover")
+MODULES = ("test_canvas.py", "test_tasks.py")
+#: Both sides get the same reruns, so a test that fails once under load (Celery's suite
+#: has timing-sensitive tests) does not count as a difference.
+RERUNS = ("--reruns", "2", "--reruns-delay", "1")
+
+
+def celery_version() -> str:
+    import celery
+
+    return str(celery.__version__)
+
+
+def fetch_suite(cache: Path, version: str) -> Path:
+    """The unpacked source distribution of Celery ``version`` (downloaded once)."""
+    tree = cache / f"celery-{version}"
+    if (tree / "t" / "integration" / "conftest.py").exists():
+        return tree
+    cache.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", f"celery=={version}",
+                    "--no-deps", "--no-binary", ":all:", "--disable-pip-version-check",
+                    "-q", "-d", str(cache)], check=True)
+    archive = cache / f"celery-{version}.tar.gz"
+    with tarfile.open(archive) as tar:
+        tar.extractall(cache, filter="data")
+    return tree
+
+
+def stage_command(tree: Path, stage: str, modules: list[str], keyword: str | None,
+                  report: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "-p", "celery.contrib.pytest",
+           "-p", "tests.celery_suite.plugin", "-p", "no:cacheprovider",
+           "--rootdir", str(tree), "-c", str(tree / "pyproject.toml"),
+           "-q", "-rfEs", "--timeout", "300", *RERUNS,
+           *[str(tree / "t" / "integration" / m) for m in modules]]
+    if keyword:
+        cmd += ["-k", keyword]
+    return cmd
+
+
+def stage_env(stage: str, broker_url: str, redis_port: int, report: Path) -> dict[str, str]:
+    backend = f"redis://127.0.0.1:{redis_port}/0"
+    return dict(
+        os.environ,
+        TEST_BROKER=broker_url, TEST_BACKEND=backend,
+        REDIS_HOST="127.0.0.1", REDIS_PORT=str(redis_port),
+        AITP_SUITE_STAGE=stage, AITP_SUITE_REPORT=str(report),
+        AITP_SUITE_PREFIX=f"aitp-suite-{stage}",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
+
+
+def summarize(results: dict[str, dict[str, Any]]) -> tuple[str, bool]:
+    """The comparison table and whether every stage matches plain Celery."""
+    plain = results["plain"]["outcomes"]
+    lines = [f"{'stage':<12} {'passed':>6} {'failed':>6} {'skipped':>7} {'errors':>6} "
+             f"{'tier deliveries':>20}  differences from plain"]
+    ok = True
+    for stage, result in results.items():
+        counts = Counter(result["outcomes"].values())
+        got = result["deliveries"]
+        tier, total = got.get("tier", 0), got.get("tier", 0) + got.get("other", 0)
+        diff = sorted(t for t in set(plain) | set(result["outcomes"])
+                      if result["outcomes"].get(t) != plain.get(t))
+        lines.append(f"{stage:<12} {counts['passed']:>6} {counts['failed']:>6} "
+                     f"{counts['skipped']:>7} {counts['error']:>6} {tier:>9} of {total:<8}  "
+                     f"{len(diff)}")
+        lines += [f"    {t}: plain {plain.get(t)}, {stage} {result['outcomes'].get(t)}"
+                  for t in diff]
+        if diff or (stage == "takeover" and tier * 2 <= total):
+            ok = False
+    not_passing = sorted(t for t, o in plain.items() if o != "passed")
+    lines.append(f"plain Celery itself does not pass {len(not_passing)}:")
+    lines += [f"    {t}: {plain[t]}" for t in not_passing]
+    return "\n".join(lines), ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stages", default=",".join(STAGES))
+    parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis")
+    parser.add_argument("--modules", default=",".join(MODULES))
+    parser.add_argument("-k", dest="keyword", default=None)
+    parser.add_argument("--redis-port", type=int, default=20261,
+                        help="first port to try for the private redis-servers")
+    args = parser.parse_args(argv)
+    stages = [s for s in args.stages.split(",") if s]
+    if stages[0] != "plain":
+        parser.error("--stages must start with plain (the reference)")
+    cache = Path(os.environ.get("AITP_CELERY_SUITE_CACHE", ROOT / ".celery-suite"))
+    tree = fetch_suite(cache, celery_version())
+    modules = [m for m in args.modules.split(",") if m]
+    results = run_stages(tree, stages, modules, args.keyword, args.broker, args.redis_port)
+    table, ok = summarize(results)
+    print(f"Celery {celery_version()} integration suite ({', '.join(modules)}"
+          f"{', -k ' + args.keyword if args.keyword else ''}) on {args.broker}:")
+    print(table)
+    return 0 if ok else 1
+
+
+def run_stages(tree: Path, stages: list[str], modules: list[str], keyword: str | None,
+               broker: str, first_port: int) -> dict[str, dict[str, Any]]:
+    from tests.support.faults import PrivateRedis
+
+    workdir = Path(tempfile.mkdtemp(prefix="aitp-celery-suite-"))
+    servers: list[PrivateRedis] = []
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        parallel = broker == "redis"
+        batches = [stages] if parallel else [[s] for s in stages]
+        for batch in batches:
+            running = []
+            for stage in batch:
+                server = PrivateRedis(first_port + len(servers), durable=False).start()
+                servers.append(server)
+                broker_url = server.url if broker == "redis" else amqp_url()
+                report = workdir / f"{stage}.json"
+                log = open(workdir / f"{stage}.log", "wb")  # noqa: SIM115 - closed below
+                proc = subprocess.Popen(
+                    stage_command(tree, stage, modules, keyword, report),
+                    env=stage_env(stage, broker_url, server.port, report), cwd=str(tree),
+                    stdout=log, stderr=subprocess.STDOUT)
+                running.append((stage, proc, log, report))
+            for stage, proc, log, report in running:
+                proc.wait()
+                log.close()
+                tail = (workdir / f"{stage}.log").read_text(errors="replace")
+                print(f"--- {stage} (exit {proc.returncode}): "
+                      f"{tail.strip().splitlines()[-1] if tail.strip() else 'no output'}")
+                if not report.exists():
+                    print(tail[-5000:])
+                    raise SystemExit(f"stage {stage} wrote no report")
+                results[stage] = json.loads(report.read_text())
+            if broker == "rabbitmq":
+                clean_vhost()
+    finally:
+        for server in servers:
+            server.close()
+    return results
+
+
+def amqp_url() -> str:
+    url = os.environ.get("AITP_TEST_AMQP_URL")
+    if not url:
+        raise SystemExit("AITP_TEST_AMQP_URL: the RabbitMQ vhost to run the suite in")
+    return url
+
+
+def clean_vhost() -> None:
+    """Delete the queues a stage left in the test vhost (Celery's and the tier queues)."""
+    from celery_aitp.policy import load_policy
+    from tests.support.rabbit import delete_queues
+
+    policy = load_policy(None)
+    tiers = [f"aitp.{t}.{a}" for t in policy.tenants for a in policy.accelerators]
+    delete_queues(amqp_url(), ["celery", *tiers])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
