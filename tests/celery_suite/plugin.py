@@ -10,8 +10,8 @@ or ``takeover`` the plugin
 
 1. installs celery_aitp into every app the suite builds (Celery's ``TestApp``, used by
    its ``celery_app`` and ``celery_session_app`` fixtures), with the stage in the policy
-   (split: 50 %) and a store key prefix of its own (``AITP_SUITE_PREFIX``), as a user
-   adds the one line to an app;
+   (split: 50 %), a store key prefix of its own (``AITP_SUITE_PREFIX``) and the suite's
+   Redis result backend as the store, as a user adds the one line to an app;
 2. starts the suite's session worker as an AITP worker serving every tenant (its
    ``celery_worker_parameters``), as ``celery worker --aitp-tenant '*'`` does;
 3. accepts AITP's tier queues in the suite's teardown check. Celery's conftest fails a
@@ -77,10 +77,12 @@ def _install_into_test_apps() -> None:
 
     build = testing_app.TestApp
     prefix = os.environ.get("AITP_SUITE_PREFIX", f"aitp-suite-{STAGE}")
+    store_url = os.environ.get("TEST_BACKEND")  # the run's private Redis (RabbitMQ needs it)
 
     def test_app_with_aitp(*args: Any, **kwargs: Any) -> Any:
         app = build(*args, **kwargs)
-        celery_aitp.install(app, policy=suite_policy(), key_prefix=prefix)
+        celery_aitp.install(app, policy=suite_policy(), key_prefix=prefix,
+                            store_url=store_url)
         return app
 
     testing_app.TestApp = test_app_with_aitp
