@@ -46,6 +46,7 @@ _TEARDOWN_CHECK = re.compile(
 outcomes: dict[str, str] = {}
 deliveries: Counter[str] = Counter()
 accepted: list[str] = []
+subtests_failed: set[str] = set()
 
 
 def is_tier_queue(name: str) -> bool:
@@ -139,15 +140,21 @@ def _is_tier_queue_check(error: BaseException) -> bool:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Each test's final outcome: the last attempt counts (reruns are retried attempts)."""
+    """Each test's final outcome: the last attempt counts (reruns are retried attempts);
+    a failed subtest fails its test, as pytest's own summary counts it."""
     node = report.nodeid
     if report.outcome == "rerun":
         outcomes[node] = "rerun"
     elif report.when == "setup":
+        subtests_failed.discard(node)
         outcomes[node] = ("error" if report.failed else
                           "skipped" if report.skipped else "passed")
+    elif report.when == "call" and getattr(report, "context", None) is not None:
+        if report.failed:  # a subtest's report
+            subtests_failed.add(node)
     elif report.when == "call":
-        outcomes[node] = "failed" if report.failed else report.outcome
+        outcomes[node] = ("failed" if report.failed or node in subtests_failed
+                          else report.outcome)
     elif report.when == "teardown" and report.failed and outcomes.get(node) == "passed":
         outcomes[node] = "error"
 
