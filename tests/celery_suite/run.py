@@ -176,10 +176,10 @@ def run_stages(tree: Path, stages: list[str], modules: list[str], keyword: str |
 
 
 def amqp_url() -> str:
-    url = os.environ.get("AITP_TEST_AMQP_URL")
-    if not url:
-        raise SystemExit("AITP_TEST_AMQP_URL: the RabbitMQ vhost to run the suite in")
-    return url
+    """The RabbitMQ vhost to run in: the test suite's (``AITP_TEST_AMQP_URL``)."""
+    from tests.support.services import DEFAULT_AMQP
+
+    return os.environ.get("AITP_TEST_AMQP_URL", DEFAULT_AMQP)
 
 
 def clean_vhost() -> None:
