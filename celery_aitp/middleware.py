@@ -101,6 +101,7 @@ class Middleware:
         self._tier_targets: dict[str, tuple[Queue, int | None]] = {}  # name -> (queue, priority)
         self._lock = threading.Lock()
         self._config_error_reported = False
+        self._priority_route_reported = False
         self._bad_headers_reported: set[str] = set()
 
     # --- lazily built parts -------------------------------------------------------
@@ -283,6 +284,11 @@ class Middleware:
         (RabbitMQ: see :mod:`celery_aitp.publish.caller_priority`); counted."""
         if keeps_celery_route(self.layout, options):
             self.counters.incr("explicit_priority")
+            if not self._priority_route_reported:  # once: it may be every task
+                self._priority_route_reported = True
+                logger.info("aitp: on RabbitMQ a task with a message priority of its own "
+                            "(priority=, task_default_priority) keeps Celery's route; "
+                            "counted as explicit_priority")
             return True
         return False
 
