@@ -21,6 +21,7 @@ from tests.celery_suite.run import (
     MODULES,
     ROOT,
     celery_version,
+    confirm_differences,
     fetch_suite,
     run_stages,
     summarize,
@@ -40,7 +41,10 @@ def test_celery_suite_subset_ends_as_in_plain_celery(redis_url: str) -> None:
         if IN_CI:
             raise
         pytest.skip(f"could not download Celery's source distribution: {exc}")
-    results = run_stages(tree, ["plain", "takeover"], list(MODULES), SUBSET, "redis", 20271)
+    targets = [f"t/integration/{m}" for m in MODULES]
+    results = run_stages(tree, ["plain", "takeover"], targets, SUBSET, "redis", 20271)
+    confirm_differences(results, lambda again, tests: run_stages(
+        tree, again, tests, None, "redis", 20271))
     table, ok = summarize(results)
     print(table)
     plain = results["plain"]["outcomes"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.celery_suite.plugin import _is_tier_queue_check, is_tier_queue
-from tests.celery_suite.run import summarize
+from tests.celery_suite.run import confirm_differences, summarize
 
 CHECK = ("Integration session app must only use the shared celery queue; found {}. "
          "Tests that need additional queues belong in t/smoke/tests/.")
@@ -55,3 +55,23 @@ def test_takeover_must_send_most_deliveries_through_tier_queues():
     assert not summarize({"plain": plain, "takeover": result({"a": "passed"}, 2, 2)})[1]
     assert summarize({"plain": plain, "takeover": result({"a": "passed"}, 3, 1)})[1]
     assert summarize({"plain": plain, "coexistence": result({"a": "passed"}, 0, 4)})[1]
+
+
+def test_a_difference_counts_only_if_it_repeats():
+    results = {"plain": result({"a": "failed", "b": "passed"}, other=4),
+               "split": result({"a": "passed", "b": "failed"}, 2, 2),
+               "takeover": result({"a": "failed", "b": "passed"}, 4, 0)}
+    asked = []
+
+    def run(stages, tests):  # the race in "a" does not repeat; "b" fails in split again
+        asked.append((stages, tests))
+        return {"plain": result({"a": "passed", "b": "passed"}),
+                "split": result({"a": "passed", "b": "failed"}),
+                "takeover": result({"a": "passed", "b": "passed"})}
+
+    confirm_differences(results, run)
+    every = ["plain", "split", "takeover"]
+    assert asked == [(every, ["a", "b"]), (every, ["b"])]
+    table, ok = summarize(results)
+    assert not ok and "b: plain passed, split failed" in table and "a: plain" not in table
+    assert results["takeover"]["deliveries"] == {"tier": 4, "other": 0}  # the first run's
