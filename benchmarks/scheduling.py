@@ -288,7 +288,7 @@ def stats_of(bench: Bench, m: Measured, labels: list[str]) -> RunStats:
 
 
 def markdown(all_stats: list[RunStats], found: list[Target]) -> str:
-    """The figures as Markdown tables (pasted into the README's Performance section)."""
+    """The figures as Markdown tables (pasted into docs/performance.md)."""
     lines = ["| group | run | tasks | wait p50 s | wait p95 s | wait max s | mean slowdown "
              "| SLA hit |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     keys = [(g.kind, g.name) for g in all_stats[0].groups]

@@ -6,6 +6,7 @@
      +-- StageConflict    the stage changed under a compare-and-set write (the guard)
      +-- AdapterError     a broker or platform adapter failed (translated at the edge)
      +-- ModelError       a model file is corrupt or incompatible
+     +-- MissingExtra     an optional dependency is not installed (names the extra)
 
 The publish path never lets any of these escape: it falls back and counts instead.
 """
@@ -46,3 +47,7 @@ class AdapterError(AitpError):
 
 class ModelError(AitpError):
     """A runtime model could not be loaded (corrupt, wrong format, wrong features)."""
+
+
+class MissingExtra(AitpError):
+    """A command needs an optional dependency that is not installed; names the extra."""

@@ -239,7 +239,7 @@ class VisibilityGuardSettings(_Model):
 
 
 class Policy(_Model):
-    """The whole scheduling policy. See the README's configuration reference."""
+    """The whole scheduling policy. See docs/configuration.md."""
 
     tiers: tuple[Tier, ...] = Field(
         default=(Tier(name="hi", sla_s=5), Tier(name="mid", sla_s=60), Tier(name="lo", sla_s=600)),

@@ -1,8 +1,8 @@
 """Policy sections for the priority matrix, fair share and resource profiles.
 
 Kept apart from :mod:`celery_aitp.policy` so the main policy stays readable; every field
-here is validated once at start-up and documented in the README's configuration
-reference ("Priority, profiles and fair share").
+here is validated once at start-up and documented in docs/configuration.md (the
+policy reference) and docs/placement.md (how each field is used).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Runtime settings, resolved once: defaults < ``app.conf.aitp_*`` < ``AITP_*`` environment.
 
-Each field documents itself; the README's configuration table mirrors this class.
+Each field documents itself; docs/configuration.md's settings table mirrors this class.
 """
 
 from __future__ import annotations

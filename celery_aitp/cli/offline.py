@@ -14,7 +14,8 @@ import click
 
 from celery_aitp.cli.output import console, fail
 from celery_aitp.cli.training import print_result, progress_bar
-from celery_aitp.errors import ModelError
+from celery_aitp.errors import AitpError
+from celery_aitp.extras import require
 from celery_aitp.learn.dataset import read_jsonl
 from celery_aitp.learn.offline import predict_records
 from celery_aitp.learn.train import train
@@ -25,13 +26,17 @@ _FILE = click.Path(exists=True, dir_okay=False)
 
 @click.command("train")
 @click.option("--observations", required=True, type=_FILE,
-              help="JSON-lines file of observation records (schema in the README).")
+              help="JSON-lines file of observation records (schema in docs/prediction.md).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Directory to write the model to (meta.json, p50.txt, p90.txt).")
 def train_command(observations: str, out: str) -> None:
     """Train a runtime model from a file of observed runs."""
-    with progress_bar() as report:
-        result = train(read_jsonl(observations), report=report)
+    try:
+        require("train", "celery-aitp train")
+        with progress_bar() as report:
+            result = train(read_jsonl(observations), report=report)
+    except AitpError as exc:
+        fail(str(exc))
     print_result(result)
     if result.bundle is None:
         raise SystemExit(1)
@@ -52,7 +57,7 @@ def predict_command(model_dir: str, observations: str, out: IO[str] | None) -> N
     try:
         bundle = ModelBundle.read(model_dir)
         predictions = predict_records(bundle, read_jsonl(observations))
-    except ModelError as exc:
+    except AitpError as exc:  # a bad model, or the train extra missing
         fail(str(exc))
     sink = out or sys.stdout
     for line in predictions:

@@ -17,6 +17,7 @@ import click
 
 from celery_aitp.cli.output import console, fail, table
 from celery_aitp.errors import AitpError
+from celery_aitp.extras import require
 from celery_aitp.replay.metrics import RunStats, Target
 from celery_aitp.replay.report import RunSeries, html_report
 from celery_aitp.replay.routers import Declarations, recorded_declarations
@@ -197,6 +198,7 @@ def command(ctx: click.Context, trace: str | None, policy: str | None, versus: t
 
     mw = middleware_of(ctx)
     try:
+        require("replay", "celery aitp replay")
         if trace:
             loaded, source = _load(trace), trace
         else:
@@ -235,6 +237,10 @@ def offline_command(trace: str, policy: str, model_dir: str | None, versus: tupl
     """
     from celery_aitp.replay.app import embedded_stores, policies_from_files
 
+    try:
+        require("replay", "celery-aitp replay")
+    except AitpError as exc:
+        fail(str(exc))
     loaded = _load(trace)
     try:
         tests = policies_from_files([policy, *versus])

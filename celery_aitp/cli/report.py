@@ -110,7 +110,7 @@ def _print(n: int, by_task: dict[str, ErrorStats], by_tenant: dict[str, ErrorSta
     if model is not None:
         console.print(f"wait model: {model.n} run(s) over {model.window_s:.0f} s, mean wait "
                       f"{model.observed_wait_s:.3g} s, utilisation {model.utilisation:.0%} "
-                      f"(pooled M/G/1, tiers served first; see README)", soft_wrap=True)
+                      f"(pooled M/G/1, tiers served first; see docs/migration.md)", soft_wrap=True)
         table("modelled wait by tier", ["tier", "runs", "per s", "service s", "observed s",
                                         "modelled s", "difference s"],
               [(c.name, c.n, c.rate_per_s, c.mean_service_s, c.observed_wait_s,

@@ -10,6 +10,7 @@ from celery_aitp.cli.celery_command import middleware_of
 from celery_aitp.cli.output import console, fail
 from celery_aitp.cli.training import print_result, progress_bar
 from celery_aitp.errors import AitpError
+from celery_aitp.extras import require
 from celery_aitp.learn.dataset import read_jsonl
 from celery_aitp.learn.observations import store_records
 from celery_aitp.learn.train import TrainConfig, TrainResult, train
@@ -54,6 +55,7 @@ def command(ctx: click.Context, observations: str | None, limit: int | None, out
             dry_run: bool, min_records: int) -> None:
     """Train the runtime model; promote it if it beats the last-two baseline."""
     try:
+        require("train", "celery aitp train")
         train_and_promote(middleware_of(ctx), observations, limit, out, dry_run,
                           config=TrainConfig(min_records=min_records))
     except (AitpError, OSError) as exc:

@@ -13,10 +13,11 @@ from typing import Any
 import click
 
 from celery_aitp.cli.celery_command import middleware_of
-from celery_aitp.cli.output import console
+from celery_aitp.cli.output import console, fail
 from celery_aitp.cli.train import train_and_promote
 from celery_aitp.cli.training import parse_duration
 from celery_aitp.errors import AitpError
+from celery_aitp.extras import require
 from celery_aitp.learn.observations import last_id, stream_length
 from celery_aitp.redact import redact
 
@@ -89,6 +90,10 @@ def command(ctx: click.Context, every: str, min_new: int, limit: int | None,
             rounds: int | None) -> None:
     """Retrain the runtime model periodically; promote only models that beat last-two."""
     every_s = parse_duration(every)
+    try:
+        require("train", "celery aitp trainer")
+    except AitpError as exc:
+        fail(str(exc))
     console.print(f"trainer: every {every_s:g} s (Ctrl-C to stop)")
     try:
         Trainer(middleware_of(ctx), every_s, min_new, limit).run(rounds)

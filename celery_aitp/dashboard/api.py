@@ -28,7 +28,7 @@ from celery_aitp.explain import explain
 from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.redact import redact
 
-#: path -> what it returns (served at /api and in the README's API reference).
+#: path -> what it returns (served at /api and in docs/dashboard.md's API reference).
 ENDPOINTS = {
     "GET /api/overview": "stage and split, decisions per second, routed/fallback shares by "
                          "reason (window and total), SLA hit rate per tier, workers, model",

@@ -3,7 +3,7 @@
 The dashboard is the fleet's exporter: producers and workers ship their process-local
 counters and records to the store, and this collector turns one Snapshot (plus the
 cumulative run totals) into metric families. Every label value is bounded, see
-:mod:`labels`; ``METRICS`` lists each family with its labels for the README and tests.
+:mod:`labels`; ``METRICS`` lists each family with its labels for the docs and tests.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from celery_aitp.dashboard import pages
 from celery_aitp.dashboard.fleet import Fleet
 from celery_aitp.policy import Stage
 
-#: name -> (type, labels, help). The README's metrics reference mirrors this table.
+#: name -> (type, labels, help). docs/dashboard.md's metrics reference mirrors this table.
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "aitp_decisions_total": ("counter", ("stage", "tenant", "tier", "accelerator", "reason",
                                          "outcome"),

@@ -71,7 +71,7 @@ class RunTotals:
     def _add(self, r: Mapping[str, Any]) -> None:
         b = self.bounds
         key = (b.tenant(r.get("tenant")), b.tier(r.get("tier")))
-        self.runs[(*key, str(r.get("outcome") or "unknown")[:32])] += 1
+        self.runs[key + (str(r.get("outcome") or "unknown")[:32],)] += 1
         wait = number(r.get("wait_s"))
         if wait is not None:
             self.wait.setdefault(key, Histogram(WAIT_BUCKETS)).observe(max(0.0, wait))

@@ -29,7 +29,7 @@ PAGES = {
 
 
 def _template(name: str) -> str:
-    return resources.files("celery_aitp.dashboard").joinpath("templates", name).read_text("utf-8")
+    return (resources.files("celery_aitp.dashboard") / "templates" / name).read_text("utf-8")
 
 
 class Pages:

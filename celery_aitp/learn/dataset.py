@@ -1,7 +1,7 @@
 """Observation records -> validated, chronological training rows.
 
 A record is one JSON object (the store's observation stream, or a line of a JSON-lines
-file; the README has the schema). Required: ``task`` and ``tenant`` (strings),
+file; docs/prediction.md has the schema). Required: ``task`` and ``tenant`` (strings),
 ``published_at`` (epoch seconds) and, for training, ``runtime_s`` (seconds, >= 0).
 ``args`` (list) and ``kwargs`` (object) may be absent. A record that breaks any of this
 is skipped and counted by reason, never fatal.

@@ -48,18 +48,18 @@ def store_records(store: RedisStore, limit: int | None = None) -> Iterator[Any]:
             raise StoreError(f"store unreachable: {exc}") from exc
         if not tail:
             return
-        start = tail[-1][0]
+        start = _entry_id(tail[-1][0])
     while True:
         try:
             page = store.client.xrange(key, min=start, count=PAGE)
         except (redis.RedisError, OSError) as exc:
             raise StoreError(f"store unreachable: {exc}") from exc
+        page = page or []
         for _id, fields in page:
             yield _decode(fields)
         if len(page) < PAGE:
             return
-        last = page[-1][0]
-        start = "(" + (last.decode() if isinstance(last, bytes) else str(last))
+        start = "(" + _entry_id(page[-1][0])
 
 
 def _decode(fields: Any) -> Any:
@@ -69,3 +69,8 @@ def _decode(fields: Any) -> Any:
     except (TypeError, ValueError, RecursionError):  # RecursionError: nested too deep
         return Unreadable("not JSON")
     return doc if isinstance(doc, dict) else Unreadable("not a JSON object")
+
+
+def _entry_id(value: Any) -> str:
+    """A stream entry id as text (redis-py returns bytes without ``decode_responses``)."""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from celery_aitp.errors import ModelError
+from celery_aitp.extras import require
 from celery_aitp.learn.dataset import Observation, Unreadable, attach_history, to_observation
 from celery_aitp.learn.train import Matrix, predict_log
 from celery_aitp.predict.bundle import ModelBundle, booster_from_text, spec_from_meta
@@ -17,6 +18,7 @@ def predict_records(bundle: ModelBundle, records: Iterable[Any]) -> list[dict[st
     Records need no ``runtime_s``; those that have one feed the history features of the
     records published after they finished. Unusable records get an ``error`` field.
     """
+    require("train", "offline prediction")
     import numpy as np
 
     spec = spec_from_meta(bundle.meta)

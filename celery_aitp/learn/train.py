@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_aitp.extras import require
 from celery_aitp.learn.dataset import MIN_RUNTIME_S, Dataset, Observation, build_dataset
 from celery_aitp.predict.bundle import FORMAT, ModelBundle, verify_with_lightgbm
 from celery_aitp.predict.features import CATEGORICAL, SCHEMA, FeatureSpec
@@ -195,6 +196,7 @@ def make_spec(dataset: Dataset) -> FeatureSpec:
 def train(records: Iterable[Any], config: TrainConfig | None = None,
           report: Report = _quiet, promote_only_if_better: bool = True) -> TrainResult:
     """Validate records, train, compare with the baselines, and build the model bundle."""
+    require("train", "training a runtime model")
     config = config or TrainConfig()
     started = time.perf_counter()
     dataset = build_dataset(records)

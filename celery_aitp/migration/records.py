@@ -42,7 +42,7 @@ def records_since(store: RedisStore, stream: str, since: float | None = None,
         start = "-"
     with translated_errors():
         entries = store.client.xrange(stream, min=start, max="+", count=limit)
-    records, last = _decode(entries)
+    records, last = _decode(entries or [])
     return records, last or after_id
 
 
@@ -50,7 +50,7 @@ def latest_records(store: RedisStore, stream: str, count: int) -> list[dict[str,
     """The newest ``count`` records, oldest first."""
     with translated_errors():
         entries = store.client.xrevrange(stream, max="+", min="-", count=count)
-    records, _ = _decode(list(reversed(entries)))
+    records, _ = _decode(list(reversed(entries or [])))
     return records[-count:] if count > 0 else []
 
 

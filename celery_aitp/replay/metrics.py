@@ -10,16 +10,21 @@ mean the same thing:
 - Jain's index over tenants' mean slowdowns: ``(sum x)^2 / (n * sum x^2)``; 1 means every
   tenant is slowed down alike (FIFO spreads delay evenly by construction; tiers
   concentrate it on the lowest tier by design).
+
+numpy (the ``replay`` extra) is imported by the functions that compute, so the package
+imports without it (see :mod:`celery_aitp.extras`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from celery_aitp.fairness import jain_index
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Runtime floor of the bounded slowdown, seconds.
 TAU_S = 0.1
@@ -62,11 +67,15 @@ class RunStats:
 
 
 def bounded_slowdown(wait: np.ndarray, runtime: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     return np.maximum(1.0, (wait + runtime) / np.maximum(runtime, TAU_S))
 
 
 def _group(kind: str, name: str, wait: np.ndarray, slow: np.ndarray,
            sla: np.ndarray) -> GroupStats:
+    import numpy as np
+
     has_sla = ~np.isnan(sla)
     hit = float(np.mean(wait[has_sla] <= sla[has_sla])) if has_sla.any() else None
     p50, p95 = np.percentile(wait, [50, 95])
@@ -78,6 +87,8 @@ def run_stats(run: str, wait: Sequence[float], runtime: Sequence[float],
               tiers: Sequence[str], tenants: Sequence[str], sla_by_tier: Mapping[str, float],
               tier_order: Sequence[str] = (), lost: int = 0) -> RunStats:
     """Figures per tier (in ``tier_order`` first), per tenant and overall."""
+    import numpy as np
+
     w = np.asarray(wait, dtype=float)
     r = np.asarray(runtime, dtype=float)
     tier_arr = np.asarray(tiers, dtype=object)

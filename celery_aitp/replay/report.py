@@ -2,6 +2,8 @@
 
 The plots take a neutral :class:`RunSeries` (publish and start time per task, plus its
 tier label), so the scheduling benchmark draws its measured runs with the same code.
+numpy (the ``replay`` extra) is imported by the functions that use it, as in
+:mod:`celery_aitp.replay.metrics`.
 """
 
 from __future__ import annotations
@@ -10,11 +12,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from celery_aitp.replay.metrics import RunStats, Target
 from celery_aitp.replay.svg import PALETTE, Axes, Line, chart, grid
+
+if TYPE_CHECKING:
+    import numpy as np
 
 RUN_COLORS = {"fifo": "#7f7f7f", "oracle": "#2ca02c"}
 WAIT_FLOOR_S = 1e-3  # waits below 1 ms are drawn at 1 ms on the log axis
@@ -34,6 +38,8 @@ def _run_colors(runs: Sequence[RunSeries]) -> dict[str, str]:
 
 
 def _cdf(waits: np.ndarray, points: int = 200) -> tuple[list[float], list[float]]:
+    import numpy as np
+
     if waits.size == 0:
         return [], []
     qs = np.linspace(0, 1, min(points, waits.size) + 1)
@@ -42,6 +48,8 @@ def _cdf(waits: np.ndarray, points: int = 200) -> tuple[list[float], list[float]
 
 
 def _waits(run: RunSeries, tier: str | None = None) -> np.ndarray:
+    import numpy as np
+
     pub, start = np.asarray(run.published, float), np.asarray(run.started, float)
     mask = ~np.isnan(start)
     if tier is not None:
@@ -51,6 +59,8 @@ def _waits(run: RunSeries, tier: str | None = None) -> np.ndarray:
 
 def wait_cdf_svg(runs: Sequence[RunSeries], tiers: Sequence[str]) -> str:
     """One panel per tier: the share of tasks that waited at most x seconds, per run."""
+    import numpy as np
+
     colors = _run_colors(runs)
     present = [t for t in tiers if any(t in r.tiers for r in runs)]
     every = np.concatenate([_waits(r) for r in runs]) if runs else np.zeros(0)
@@ -68,6 +78,8 @@ def wait_cdf_svg(runs: Sequence[RunSeries], tiers: Sequence[str]) -> str:
 
 def depth_series(run: RunSeries, tier: str, grid_t: np.ndarray, t0: float) -> list[int]:
     """Tasks of ``tier`` published but not started, at each grid time (seconds from t0)."""
+    import numpy as np
+
     pub = np.asarray(run.published, float)
     start = np.asarray(run.started, float)
     mask = np.asarray(run.tiers, dtype=object) == tier
@@ -79,6 +91,8 @@ def depth_series(run: RunSeries, tier: str, grid_t: np.ndarray, t0: float) -> li
 
 def depth_svg(runs: Sequence[RunSeries], tiers: Sequence[str], points: int = 300) -> str:
     """One panel per run: queued tasks per tier over time (from each run's first publish)."""
+    import numpy as np
+
     runs = [r for r in runs if len(r.published)]
     if not runs:
         return grid([], 1)

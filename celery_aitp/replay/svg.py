@@ -1,4 +1,4 @@
-"""Small, dependency-free SVG line charts (for self-contained reports and README images)."""
+"""Small, dependency-free SVG line charts (for self-contained reports and the docs' images)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Recorded runs to replay: observation records, validated once, kept in arrival order.
 
-A record is one observed run in the observation schema the workers write (see the
-README): at least ``task``, ``published_at`` (epoch seconds) and ``runtime_s``; the
+A record is one observed run in the observation schema the workers write (see
+docs/prediction.md): at least ``task``, ``published_at`` (epoch seconds) and ``runtime_s``; the
 simulator also uses ``tenant``, ``args``, ``kwargs``, ``accelerator``, ``tier``,
 ``task_id``, ``started_at`` and ``retries`` when present. Bad records are skipped and
 counted by reason, never a crash.

@@ -147,7 +147,7 @@ class DecisionLog:
             if entry is None:
                 return None
             found = self.store.client.xrange(self.stream, _text(entry), _text(entry))
-        for _id, fields in found:
+        for _id, fields in found or ():
             for doc in reversed(entry_records(fields)):  # the latest of a retried task
                 if doc.get("task_id") == task_id:
                     return doc

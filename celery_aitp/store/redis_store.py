@@ -85,7 +85,7 @@ class RedisStore:
         """Declare that ``worker`` consumes ``queues`` for the next ``ttl_s`` seconds."""
         now = time.time()
         expiry = now + ttl_s
-        members: dict[str | bytes, float] = {f"{q}|{worker}": expiry for q in queues}
+        members: dict[str, float] = {f"{q}|{worker}": expiry for q in queues}
         queue_names = sorted(str(m).rsplit("|", 1)[0] for m in members)
         doc = json.dumps({**info, "worker": worker, "heartbeat": now, "queues": queue_names})
         with translated_errors():
@@ -100,8 +100,8 @@ class RedisStore:
         """Remove a worker's advertisements at once (clean shutdown)."""
         with translated_errors():
             members = [
-                m for m in self.client.zrange(self.keys.consumers, 0, -1)
-                if _text(m).endswith(f"|{worker}")
+                m for m in map(_text, self.client.zrange(self.keys.consumers, 0, -1))
+                if m.endswith(f"|{worker}")
             ]
             pipe = self.client.pipeline(transaction=False)
             if members:
@@ -229,7 +229,7 @@ class RedisStore:
             else:
                 raw = self.client.xrange(stream, count=count)
         out: list[dict[str, Any]] = []
-        for _id, fields in raw:  # an entry may hold a packed batch (decisions)
+        for _id, fields in raw or ():  # an entry may hold a packed batch (decisions)
             docs = entry_records(fields)
             out.extend(reversed(docs) if newest_first else docs)
         return out if count is None else out[:count]

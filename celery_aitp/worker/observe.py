@@ -4,7 +4,7 @@ A record is built in memory and put in a bounded buffer; the background refreshe
 writes it to the store's capped observation stream (``observation_maxlen`` records) and
 adds the run to the per-(tenant, task) history summary. A store outage drops records
 (and counts the drops); it never delays or fails a task. The record's fields are the
-README's observation schema, which is also the JSON-lines format ``train`` reads.
+observation schema in docs/prediction.md, which is also the JSON-lines format ``train`` reads.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's main command and the ``celery -A proj aitp ...`` entry point, as users run them."""
+"""The README's demo command and the ``celery -A proj aitp ...`` entry point, as users run them."""
 
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ ports 7261-7262 (stopped by pid); the shared Redis and RabbitMQ are never restar
 Kombu's Redis transport gives a dead consumer's unacknowledged messages back only on its
 periodic sweep (every ``unacked_restore_interval`` x ``unacked_restore_throttle`` = 100 s
 by default) and only once they are older than ``visibility_timeout`` (1 h by default);
-these tests set 4 s and 1 x 1 s so recovery takes seconds (see the README's "Guarantees
-and failure modes").
+these tests set 4 s and 1 x 1 s so recovery takes seconds (see docs/guarantees.md).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from celery_aitp.predict.history import HistoryStore
 from celery_aitp.store import Keys, RedisStore, connect
 from celery_aitp.telemetry.buffer import RecordBuffer
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PREDICTION_DOCS = Path(__file__).resolve().parents[2] / "docs" / "prediction.md"
 HEADER = {"v": 1, "tenant": "acme", "tier": "hi", "accelerator": "cpu", "routed": True,
           "queue": "aitp.acme.cpu.hi", "reason": "routed", "stage": "takeover",
           "decided_at": 1_700_000_000.0, "predicted_runtime_s": 0.5, "predicted_p90_s": 1.0,
@@ -30,8 +30,8 @@ def test_a_run_is_recorded_with_the_documented_fields(app, wire):
     task = app.tasks["tests.unit.conftest.urgent"]
     assert task.apply(([1, 2, 3],), headers={"aitp": wire(HEADER)}).get() == [1, 2, 3]
     (record,) = records(app)
-    documented = re.findall(r"^\| `(\w+)` \|", README.read_text().split(
-        "### Observation records")[1].split("\n## ")[0], re.M)
+    documented = re.findall(r"^\| `(\w+)` \|", PREDICTION_DOCS.read_text().split(
+        "## Observation records")[1].split("\n## ")[0], re.M)
     assert set(record) == set(documented), set(record) ^ set(documented)
     assert record["task"] == task.name and record["tenant"] == "acme" and record["tier"] == "hi"
     assert record["published_at"] == HEADER["decided_at"] and record["outcome"] == "SUCCESS"

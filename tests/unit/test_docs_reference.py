@@ -1,4 +1,4 @@
-"""The README's configuration reference names every setting and policy field."""
+"""The docs' configuration reference names every setting and policy field."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pydantic import BaseModel
 from celery_aitp.policy import Policy
 from celery_aitp.settings import Settings
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+REFERENCE = (
+    Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+).read_text(encoding="utf-8")
 
 
 def field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -24,10 +26,10 @@ def field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def test_every_setting_is_documented() -> None:
-    missing = [name for name in Settings.model_fields if f"`{name}`" not in README]
-    assert not missing, f"settings missing from README: {missing}"
+    missing = [name for name in Settings.model_fields if f"`{name}`" not in REFERENCE]
+    assert not missing, f"settings missing from docs/configuration.md: {missing}"
 
 
 def test_every_policy_field_is_documented() -> None:
-    missing = [path for path in field_paths(Policy) if f"`{path}`" not in README]
-    assert not missing, f"policy fields missing from README: {missing}"
+    missing = [path for path in field_paths(Policy) if f"`{path}`" not in REFERENCE]
+    assert not missing, f"policy fields missing from docs/configuration.md: {missing}"
