@@ -57,9 +57,15 @@ def is_tier_queue(name: str) -> bool:
     return parts[0] == PREFIX and len(parts) in (3, 4) and all(parts)
 
 
-def suite_policy() -> dict[str, Any]:
-    """The default policy, in this run's stage (split: half the traffic)."""
-    return {"stage": STAGE, "split": {"percent": 50}}
+#: The suite's tasks name no tenant, so all are this one's: tier queues of its own
+#: (``aitp.celerysuite.*``), apart from any other test deployment on the same broker.
+TENANT = "celerysuite"
+
+
+def suite_policy(stage: str = STAGE) -> dict[str, Any]:
+    """The default policy with one tenant, in this run's stage (split: half the traffic)."""
+    return {"stage": stage, "split": {"percent": 50}, "tenants": {TENANT: {}},
+            "default_tenant": TENANT}
 
 
 def pytest_configure(config: pytest.Config) -> None:

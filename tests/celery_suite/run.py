@@ -223,9 +223,10 @@ def amqp_url() -> str:
 def clean_vhost() -> None:
     """Delete the queues a stage left in the test vhost (Celery's and the tier queues)."""
     from celery_aitp.policy import load_policy
+    from tests.celery_suite.plugin import suite_policy
     from tests.support.rabbit import delete_queues
 
-    policy = load_policy(None)
+    policy = load_policy(suite_policy("takeover"))
     tiers = [f"aitp.{t}.{a}" for t in policy.tenants for a in policy.accelerators]
     delete_queues(amqp_url(), ["celery", *tiers])
 
