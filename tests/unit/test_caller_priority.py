@@ -7,34 +7,15 @@ RabbitMQ: a task with a priority of its own keeps Celery's route with that prior
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from celery import Celery
 from celery.app.amqp import task_message
-from celery.signals import before_task_publish
 
 from celery_aitp.layout import AMQP_MAX_PRIORITY
-from celery_aitp.publish.request import read_header
 from tests.unit.conftest import make_live
 
 ACME = {"aitp_tenant": "acme"}
-
-
-@pytest.fixture
-def sent() -> Iterator[list[dict[str, Any]]]:
-    """Routing key, message priority and decision of every message about to be published."""
-    seen: list[dict[str, Any]] = []
-
-    def capture(routing_key: Any = None, headers: Any = None, properties: Any = None,
-                **_: Any) -> None:
-        seen.append({"routing_key": routing_key, "priority": (properties or {}).get("priority"),
-                     "aitp": read_header((headers or {}).get("aitp"))})
-
-    before_task_publish.connect(capture, weak=False)
-    yield seen
-    before_task_publish.disconnect(capture)
 
 
 def refresh(app: Any) -> None:
@@ -87,12 +68,6 @@ def test_a_retry_into_its_tier_queue_keeps_its_priority_on_redis(app, store):
     options = app.aitp.on_publish("tests.unit.conftest.plain", _message(),
                                   {"queue": "aitp.acme.cpu.lo", "priority": 7})
     assert options["queue"].name == "aitp.acme.cpu.lo" and options["priority"] == 7
-
-
-@pytest.fixture
-def rabbit_app(app: Celery) -> Celery:
-    app.aitp.broker_driver = "amqp"  # the layout follows the broker's driver type
-    return app
 
 
 def test_on_rabbitmq_a_priority_of_its_own_keeps_celerys_route(rabbit_app, store, sent):

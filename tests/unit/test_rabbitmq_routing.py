@@ -6,14 +6,12 @@ the memory transport with the middleware told its broker is RabbitMQ.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
 from celery.app.amqp import task_message
-from celery.signals import before_task_publish
 
 import celery_aitp
 from celery_aitp.errors import PolicyError
@@ -24,28 +22,6 @@ from celery_aitp.worker.bootstep import AitpWorkerStep
 from celery_aitp.worker.janitor import Janitor
 from tests.conftest import TEST_POLICY
 from tests.unit.conftest import make_live
-
-
-@pytest.fixture
-def rabbit_app(app: Celery) -> Celery:
-    app.aitp.broker_driver = "amqp"  # the layout follows the broker's driver type
-    return app
-
-
-@pytest.fixture
-def sent() -> Iterator[list[dict[str, Any]]]:
-    """Routing key, priority and aitp header of every message about to be published."""
-    seen: list[dict[str, Any]] = []
-
-    def capture(routing_key: Any = None, headers: Any = None, properties: Any = None,
-                declare: Any = None, **_: Any) -> None:
-        seen.append({"routing_key": routing_key, "priority": (properties or {}).get("priority"),
-                     "aitp": read_header((headers or {}).get("aitp")),
-                     "declare": list(declare or ())})
-
-    before_task_publish.connect(capture, weak=False)
-    yield seen
-    before_task_publish.disconnect(capture)
 
 
 def refresh(app: Any) -> None:
