@@ -169,6 +169,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = os.environ.get("AITP_SUITE_REPORT")
     if not path:
         return
+    import celery
+
     with open(path, "w") as out:
         json.dump({"stage": STAGE, "outcomes": outcomes, "deliveries": dict(deliveries),
-                   "teardown_checks_accepted": len(accepted)}, out, indent=1, sort_keys=True)
+                   "teardown_checks_accepted": len(accepted), "celery": celery.__file__},
+                  out, indent=1, sort_keys=True)

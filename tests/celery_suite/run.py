@@ -52,17 +52,25 @@ def celery_version() -> str:
 
 
 def fetch_suite(cache: Path, version: str) -> Path:
-    """The unpacked source distribution of Celery ``version`` (downloaded once)."""
-    tree = cache / f"celery-{version}"
+    """The tests of Celery ``version``'s source distribution (downloaded once), unpacked
+    without the ``celery`` package beside them: pytest puts their root on ``sys.path``,
+    where that copy would shadow the installed Celery, which is the one to test."""
+    tree = cache / f"celery-{version}-tests"
     if (tree / "t" / "integration" / "conftest.py").exists():
         return tree
     cache.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", f"celery=={version}",
-                    "--no-deps", "--no-binary", ":all:", "--disable-pip-version-check",
-                    "-q", "-d", str(cache)], check=True)
     archive = cache / f"celery-{version}.tar.gz"
+    if not archive.exists():
+        subprocess.run([sys.executable, "-m", "pip", "download", f"celery=={version}",
+                        "--no-deps", "--no-binary", ":all:", "--disable-pip-version-check",
+                        "-q", "-d", str(cache)], check=True)
+    top = f"celery-{version}/"
     with tarfile.open(archive) as tar:
-        tar.extractall(cache, filter="data")
+        wanted = [m for m in tar.getmembers()
+                  if m.name.startswith(top + "t/") or m.name == top + "pyproject.toml"]
+        for member in wanted:
+            member.name = member.name[len(top):]
+        tar.extractall(tree, members=wanted, filter="data")
     return tree
 
 
@@ -162,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         tree, again, tests, None, args.broker, args.redis_port))
     table, ok = summarize(results)
     print(f"Celery {celery_version()} integration suite ({', '.join(modules)}"
-          f"{', -k ' + args.keyword if args.keyword else ''}) on {args.broker}:")
+          f"{', -k ' + args.keyword if args.keyword else ''}) on {args.broker}, "
+          f"testing the Celery in {Path(results['plain'].get('celery', '?')).parent}:")
     print(table)
     return 0 if ok else 1
 
