@@ -9,6 +9,7 @@ deleted) or an embedded redis-server. Prints milliseconds per operation.
 from __future__ import annotations
 
 import argparse
+import gzip
 import random
 import statistics
 import time
@@ -17,6 +18,7 @@ from collections.abc import Callable
 
 import redis
 from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from celery_aitp.dashboard import pages
 from celery_aitp.dashboard.fleet import Fleet
@@ -87,7 +89,9 @@ def run(url: str, n: int) -> None:
         tenants = timed(lambda: pages.tenants(snap, policy, 3600))
         registry = registry_for(fleet)
         metrics = timed(lambda: generate_latest(registry))
-        size = len(generate_latest(registry))
+        text = generate_latest(registry)
+        zipped = timed(lambda: gzip.compress(generate_latest(registry)))
+        openmetrics = timed(lambda: generate_openmetrics(registry))
         print(f"window: {len(snap.observations)} runs, {len(snap.decisions)} decisions, "
               f"{len(snap.queues)} queues")
         print(f"first snapshot (back-fill {n} + {n} records): {first:8.1f} ms")
@@ -95,7 +99,10 @@ def run(url: str, n: int) -> None:
         print(f"refresh after 1000 new runs (incl. writing):  {incremental:8.1f} ms")
         print(f"overview payload:                           {overview:8.1f} ms")
         print(f"tenants payload:                            {tenants:8.1f} ms")
-        print(f"/metrics render ({size / 1024:.0f} KiB):                 {metrics:8.1f} ms")
+        print(f"/metrics render ({len(text) / 1024:.0f} KiB):                 {metrics:8.1f} ms")
+        print(f"/metrics render + gzip ({len(gzip.compress(text)) / 1024:.0f} KiB):            "
+              f"{zipped:8.1f} ms")
+        print(f"/metrics render, OpenMetrics:               {openmetrics:8.1f} ms")
     finally:
         keys = list(client.scan_iter(f"{store.keys.prefix}*"))
         if keys:

@@ -108,19 +108,15 @@ class Paths:
         self.warm, self.new = warm, new
         self.model = self.mw.live.current().sources[MODEL_SOURCE]
         self.memo = self.mw.memo
-        self.reused: dict[str, tuple[int, int, int]] = {}
+        self.reused: dict[str, tuple[int, int]] = {}
 
-    def kept(self) -> tuple[int, int]:
-        """(memo keys, distinct decisions kept): each decision the pipeline made is one
-        template; a key added without one reused a decision by its outcome key."""
-        templates = self.memo._state[2]
-        return len(templates), len({id(t) for t in templates.values()})
+    def kept(self) -> int:
+        """Decisions kept: each one the pipeline made (with a key the memo had not)."""
+        return len(self.memo)
 
-    def count(self, n: int, before: tuple[int, int]) -> tuple[int, int, int]:
-        """(published, reused by key, reused by outcome key) since ``before``."""
-        keys, made = self.kept()
-        new_keys, new_made = keys - before[0], made - before[1]
-        return n, n - new_keys, new_keys - new_made
+    def count(self, n: int, before: int) -> tuple[int, int]:
+        """(published, reused) since ``before``."""
+        return n, n - (self.kept() - before)
 
     def forget_all(self) -> None:
         self.memo.clear()
@@ -144,7 +140,7 @@ class Paths:
         rows.append(("model, memo hit", timings(mw.on_publish, batch)))
         self.forget_all()
         rows.append(("model, fresh caches", timings(mw.on_publish, batch, repeat=1)))
-        self.reused["fresh caches"] = self.count(len(batch), (0, 0))
+        self.reused["fresh caches"] = self.count(len(batch), 0)
         # steady state: caches warmed by earlier traffic, then messages never seen before
         self.forget_all()
         timings(mw.on_publish, self.warm, repeat=1)
@@ -243,9 +239,9 @@ def main() -> None:
             lightgbm.Booster.predict = counting_predict
             print(f"\rround {r + 1}/{args.rounds}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
-        for path, (n, by_key, by_outcome) in paths.reused.items():
-            print(f"{path}: of {n} decisions, {by_key} reused by key and {by_outcome} by "
-                  f"outcome key, {n - by_key - by_outcome} made (last round)", file=sys.stderr)
+        for path, (n, reused) in paths.reused.items():
+            print(f"{path}: of {n} decisions, {reused} reused, {n - reused} made (last round)",
+                  file=sys.stderr)
     finally:
         lightgbm.Booster.predict = original_predict
         for a in apps:

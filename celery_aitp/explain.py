@@ -37,7 +37,8 @@ def policy_for(record: Mapping[str, Any], active: Policy, active_digest: str,
 
 
 def explain(record: Mapping[str, Any], policy: Policy, note: str | None = None) -> dict[str, Any]:
-    """Factors with weights and contributions, the tier steps, profile, prediction, route."""
+    """Urgency factors with weights and contributions, the tier steps (size class, floor,
+    cap, fair share), profile, prediction, route."""
     weights = {name: float(getattr(policy.priority.weights, name)) for name in FACTORS}
     total = sum(weights.values()) or 1.0
     factors = record.get("factors") or {}
@@ -56,9 +57,10 @@ def explain(record: Mapping[str, Any], policy: Policy, note: str | None = None) 
         "decided_at": record.get("decided_at"),
         "factors": rows,
         "score": record.get("score"),
+        "urgency_range": policy.placement.urgency_range,
         "tier": record.get("tier"),
         "tier_steps": record.get("tier_steps"),
-        "min_scores": dict(zip(policy.tier_names, policy.tier_min_scores(), strict=True)),
+        "tiers": list(policy.tier_names),
         "profile": record.get("profile"),
         "prediction": {
             "p50_s": record.get("predicted_runtime_s"),
@@ -96,13 +98,27 @@ def explain_task(middleware: Any, task_id: str) -> dict[str, Any] | None:
 
 
 def tier_story(steps: Mapping[str, Any] | None, tier: str | None) -> str:
-    """One line: how the score's tier became the final tier."""
+    """One line: how the task's size class became its tier."""
     if not steps:
         return f"tier {tier}"
-    parts = [f"score -> {steps.get('score')}"]
+    size = steps.get("effective_size_s")
+    bounds = steps.get("bounds_s")
+    if size is None:
+        parts = [f"no size known -> {steps.get('size')}"]
+    elif not bounds:
+        parts = [f"effective size {_seconds(size)}; no boundaries yet -> {steps.get('size')}"]
+    else:
+        edges = ", ".join(_seconds(b) for b in bounds)
+        parts = [f"effective size {_seconds(size)} (boundaries {edges}) -> {steps.get('size')}"]
+    if isinstance(steps.get("boost"), (int, float)) and steps["boost"] > 1:
+        parts.append(f"boosted x{steps['boost']:g} for missed SLAs")
     if steps.get("floor"):
         parts.append(f"declared floor {steps['floor']}")
     parts.append(f"tenant cap {steps.get('cap')}")
     if steps.get("fair_share"):
         parts.append("above fair share: one tier lower")
     return "; ".join(parts) + f" => {tier}"
+
+
+def _seconds(value: Any) -> str:
+    return f"{value:.3g} s" if isinstance(value, (int, float)) else "?"

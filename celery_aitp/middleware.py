@@ -300,12 +300,28 @@ class Middleware:
 
     def _decide(self, name: str, message: Any, options: dict[str, Any], auto: bool,
                 now: float) -> Decision | Reused:
-        """The decision for one message: a kept one, found from Celery's message alone
-        (no Request is built for it), else the pipeline's, kept for the next if it may
-        be (see :mod:`celery_aitp.publish.memo`)."""
+        """The decision for one message: the memo's (a kept one, or the pipeline's, kept
+        for the next task of its key), or the pipeline's when the memo is off."""
         layout = self.layout  # resolved first: a failure here is a decision failure
-        # Celery's message and the publish options, checked types only: odd headers or
-        # bodies read as absent
+        request = self._request(name, message, options, auto, now)
+        view = self.live.current()
+        variant = finish = None
+        if not auto:  # someone routed it: it keeps its queue, the decision says why
+            variant = self._explicit_variant(request.explicit_queue, view, layout)
+            finish = _EXPLICIT_FALLBACKS[variant]
+        memo = self.memo
+        if memo is not None:
+            return memo.decide(request, view, now, variant, finish)
+        decision = self.pipeline.decide(request, view, now)
+        if finish is not None:
+            finish(decision)
+        return decision
+
+    def _request(self, name: str, message: Any, options: dict[str, Any], auto: bool,
+                 now: float) -> Request:
+        """What the stages read of a task: Celery's message and the publish options,
+        checked types only (odd headers or bodies read as absent); the queue someone
+        routed it to unless ``auto``."""
         headers = options.get("headers")
         if type(headers) is not dict:
             headers = headers if isinstance(headers, Mapping) else {}
@@ -320,33 +336,9 @@ class Middleware:
         task_id = msg_headers.get("id")
         if type(task_id) is not str:
             task_id = str(task_id or "")
-        declared = self._declared.get(name)
-        if declared is None:
-            declared = self.declared(name)
-        parent = current_tenant()
-        view = self.live.current()
-        explicit = variant = finish = None
-        if not auto:  # someone routed it: it keeps its queue, the decision says why
-            explicit = _queue_name(options.get("queue"))
-            variant = self._explicit_variant(explicit, view, layout)
-            finish = _EXPLICIT_FALLBACKS[variant]
-        memo = self.memo
-        key = None
-        if memo is not None:
-            key = memo.key(name, task_id, msg_headers, args, kwargs, headers, declared, now,
-                           parent, view, variant)
-            if key is not None:  # a kept decision needs no Request
-                found = memo.find(view, key, task_id, now)
-                if found is not None:
-                    return found
-        request = Request.of_message(name, task_id, msg_headers, args, kwargs, headers,
-                                     declared, explicit, now, parent)
-        if memo is not None and key is not None:
-            return memo.make(request, view, key, finish)
-        decision = self.pipeline.decide(request, view, now)
-        if finish is not None:
-            finish(decision)
-        return decision
+        explicit = None if auto else _queue_name(options.get("queue"))
+        return Request.of_message(name, task_id, msg_headers, args, kwargs, headers,
+                                  self.declared(name), explicit, now, current_tenant())
 
     def _explicit_variant(self, explicit: str | None, view: View, layout: Layout
                           ) -> tuple[bool, bool]:

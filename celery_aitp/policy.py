@@ -21,6 +21,8 @@ from celery_aitp.errors import PolicyError
 from celery_aitp.priority_policy import (
     AgingSettings,
     FairShareSettings,
+    FeedbackSettings,
+    PlacementSettings,
     PrioritySettings,
     ProfileSettings,
     TierOrder,
@@ -67,7 +69,8 @@ class Tier(_Model):
     )
     min_score: float | None = Field(
         default=None, ge=0, le=1,
-        description="Lowest priority score that maps to this tier; None: an even split.",
+        description="Ignored since tiers became size classes (see placement); still "
+                    "validated so existing policies load.",
     )
     promote_after_s: float | None = Field(
         default=None, gt=0, le=30 * 86400,
@@ -277,6 +280,12 @@ class Policy(_Model):
     )
     priority: PrioritySettings = Field(
         default_factory=PrioritySettings, description="The priority matrix."
+    )
+    placement: PlacementSettings = Field(
+        default_factory=PlacementSettings, description="Tiers as size classes."
+    )
+    feedback: FeedbackSettings = Field(
+        default_factory=FeedbackSettings, description="Boosts for tenants missing SLAs."
     )
     fair_share: FairShareSettings = Field(
         default_factory=FairShareSettings, description="Per-tenant fair share."

@@ -11,8 +11,10 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-#: Factor names of the priority matrix, in the order ``explain`` shows them.
-FACTORS = ("tenant", "sla", "impact", "resources", "runtime", "age")
+#: Factors of a task's urgency, in the order ``explain`` shows them. The runtime is not
+#: one of them: it places a task by itself (tiers are size classes, see ``placement``).
+FACTORS = ("tenant", "sla", "impact", "resources", "age")
+URGENCY_FACTORS = FACTORS
 
 
 class _Section(BaseModel):
@@ -52,7 +54,9 @@ class PriorityWeights(_Section):
     resources: float = Field(default=0.5, ge=0, le=1000,
                              description="Resource demand (accelerator, memory, cores).")
     runtime: float = Field(default=1.0, ge=0, le=1000,
-                           description="Shortness of the predicted runtime (upper quantile).")
+                           description="Ignored since tiers became size classes (the "
+                                       "predicted runtime places a task by itself); kept so "
+                                       "existing policies load.")
     age: float = Field(default=1.0, ge=0, le=1000,
                        description="Time since the task was first published (retries).")
 
@@ -69,9 +73,9 @@ class PrioritySettings(_Section):
     weights: PriorityWeights = Field(default_factory=PriorityWeights,
                                      description="Weight of each factor.")
     runtime_min_s: float = Field(default=0.1, gt=0,
-                                 description="Runtimes at or below this score 1 (shortest).")
+                                 description="Ignored since tiers became size classes.")
     runtime_max_s: float = Field(default=3600.0, gt=0,
-                                 description="Runtimes at or above this score 0 (longest).")
+                                 description="Ignored since tiers became size classes.")
     max_age_s: float = Field(default=600.0, gt=0,
                              description="Age at which the age factor reaches 1.")
     memory_scale_mb: float = Field(default=4096.0, gt=0,
@@ -88,6 +92,51 @@ class PrioritySettings(_Section):
         if self.runtime_max_s <= self.runtime_min_s:
             raise ValueError("runtime_max_s must be greater than runtime_min_s")
         return self
+
+
+class PlacementSettings(_Section):
+    """Tiers as size classes (``scheduling/size_classes.py``): short work goes first."""
+
+    window_s: float = Field(
+        default=120.0, gt=0, le=86_400,
+        description="Half-life of the recent effective sizes the tier boundaries follow.")
+    load: float = Field(
+        default=0.95, gt=0, lt=1,
+        description="Utilisation the boundaries are tuned for (they matter under load).")
+    min_gain: float = Field(
+        default=0.05, ge=0, le=1,
+        description="Move the boundaries only when the new ones promise at least this much "
+                    "less mean slowdown (keeps tiers steady under a steady mix).")
+    urgency_range: float = Field(
+        default=10.0, ge=1, le=1e6,
+        description="How much shorter a task of the highest urgency (tenant, SLA, impact, "
+                    "resources, age) counts than one of the lowest.")
+    min_samples: float = Field(
+        default=20.0, ge=1,
+        description="Recent sizes an accelerator class needs before its boundaries are "
+                    "used; until then its tasks take the lowest tier (no size order).")
+    refresh_s: float = Field(
+        default=2.0, gt=0, le=3600,
+        description="Seconds between two reads of the shared histogram.")
+
+
+class FeedbackSettings(_Section):
+    """Tenants that miss their SLAs get a bounded boost (``scheduling/feedback.py``)."""
+
+    enabled: bool = Field(default=True, description="Adjust boosts from observed waits.")
+    window_s: float = Field(
+        default=60.0, gt=0, le=86_400,
+        description="Half-life of the observed waits the miss rates are computed from.")
+    max_miss_rate: float = Field(
+        default=0.05, gt=0, lt=1,
+        description="Share of a tenant's runs that may wait longer than their SLA; above "
+                    "it the tenant's boost doubles, below half of it the boost halves.")
+    max_boost: float = Field(
+        default=8.0, ge=1, le=1024,
+        description="Largest boost: a boosted tenant's tasks count this many times shorter.")
+    min_runs: float = Field(
+        default=20.0, ge=1,
+        description="Recent runs a tenant needs before its miss rate moves its boost.")
 
 
 class FairShareSettings(_Section):

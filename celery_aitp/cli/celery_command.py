@@ -41,6 +41,7 @@ COMMANDS = (
     "celery_aitp.cli.model",
     "celery_aitp.cli.stage",
     "celery_aitp.cli.history",
+    "celery_aitp.cli.placement",
     "celery_aitp.cli.report",
     "celery_aitp.cli.guard",
     "celery_aitp.cli.explain",

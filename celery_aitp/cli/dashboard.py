@@ -35,6 +35,21 @@ from celery_aitp.errors import PolicyError
 @click.option("--window", "window_s", type=float, default=None,
               help="Seconds of recent runs and decisions the pages summarise (default 300; "
                    "AITP_DASHBOARD_WINDOW_S).")
+@click.option("--proxy-headers/--no-proxy-headers", "proxy_headers", default=None,
+              help="Behind a reverse proxy: take the scheme and client address from "
+                   "X-Forwarded-Proto and X-Forwarded-For, from --forwarded-allow-ips only "
+                   "(AITP_DASHBOARD_PROXY_HEADERS).")
+@click.option("--forwarded-allow-ips", default=None, metavar="ADDRESSES",
+              help="Comma-separated addresses or networks of the proxies to trust, for "
+                   "--proxy-headers and --auth-header (default 127.0.0.1; "
+                   "AITP_DASHBOARD_FORWARDED_ALLOW_IPS).")
+@click.option("--auth-header", default=None, metavar="HEADER",
+              help="Trust this header (e.g. X-Forwarded-User, set by oauth2-proxy) to name "
+                   "the signed-in user, from --forwarded-allow-ips only "
+                   "(AITP_DASHBOARD_AUTH_HEADER).")
+@click.option("--flower-url", default=None, metavar="URL",
+              help="A running Flower's base URL: task and worker pages link to it "
+                   "(AITP_DASHBOARD_FLOWER_URL).")
 @click.pass_context
 def command(ctx: click.Context, **flags: object) -> None:
     """Serve the dashboard, /api/..., /metrics, /healthz and /readyz."""
@@ -51,6 +66,10 @@ def command(ctx: click.Context, **flags: object) -> None:
     except ImportError as exc:
         fail(f"the dashboard needs its extra: pip install 'celery-aitp[dashboard]' ({exc})")
     auth = f", basic auth for {len(config.basic_auth)} user(s)" if config.basic_auth else ""
+    if config.auth_header:
+        auth += f", user from {config.auth_header}"
+    if config.proxy_headers or config.auth_header:
+        auth += f", trusting proxies at {','.join(config.forwarded_allow_ips)}"
     mode = ", read-only" if config.read_only else ""
     host = f"[{config.address}]" if ":" in config.address else config.address
     console.print(f"celery_aitp dashboard on http://{host}:{config.port}{config.url_prefix}/"

@@ -45,10 +45,10 @@ def _render(data: dict[str, Any], default_queue: str) -> None:
         console.print(f"route: Celery's own route (default queue {default_queue}); "
                       f"reason [yellow]{route['reason']}[/yellow]; would be "
                       f"{route['would_queue']}")
-    table("priority factors", ["factor", "value", "weight", "contribution"],
+    table("urgency factors", ["factor", "value", "weight", "contribution"],
           [(r["factor"], r["value"], r["weight"], r["contribution"]) for r in data["factors"]])
-    scores = ", ".join(f"{t} >= {s:.3g}" for t, s in data["min_scores"].items())
-    console.print(f"score {_num(data['score'])} ({scores})")
+    console.print(f"urgency {_num(data['score'])} (the size counts "
+                  f"{_num(data['urgency_range'])} ** urgency times shorter)")
     console.print(tier_story(data["tier_steps"], data["tier"]))
     profile = data["profile"] or {}
     sources = profile.get("sources") or {}

@@ -15,12 +15,13 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from celery_aitp.dashboard import pages
 from celery_aitp.dashboard.config import DashboardConfig
 from celery_aitp.dashboard.explain import task_page
 from celery_aitp.dashboard.fleet import Fleet
+from celery_aitp.dashboard.flower import flower_link
 from celery_aitp.dashboard.security import cross_site_problem
 from celery_aitp.dashboard.stage_control import change_stage
 from celery_aitp.errors import AitpError, PolicyError, StoreError
@@ -36,15 +37,19 @@ ENDPOINTS = {
                         "tier; Jain's fairness index, priority entropy",
     "GET /api/queues": "every tier queue and the default queue: depth, oldest-message age, "
                        "consumers, orphaned flag",
-    "GET /api/workers": "AITP workers: accelerator class, tenants, tiers, queues, heartbeat",
+    "GET /api/workers": "AITP workers: accelerator class, tenants, tiers, queues, heartbeat "
+                        "(and Flower's page of each, with --flower-url)",
     "GET /api/predictions": "predicted vs actual run time points, error by task, model",
     "GET /api/tasks?limit=&task=&tenant=": "recent decisions, newest first",
-    "GET /api/tasks/{task_id}": "explain breakdown of one task (404 if unknown)",
+    "GET /api/tasks/{task_id}": "explain breakdown of one task (404 if unknown; Flower's "
+                                "page of it, with --flower-url)",
     "GET /api/stage": "live stage document and its change history",
     "POST /api/stage": "replace the stage document (not in read-only mode; JSON, same-origin, "
                        "X-AITP-CSRF token)",
-    "GET /metrics": "Prometheus text format, aitp_ prefix",
+    "GET /metrics": "Prometheus text format or OpenMetrics (by Accept), gzip if asked, "
+                    "aitp_ prefix",
     "GET /healthz": "process up",
+    "GET /healthcheck": "process up, 'OK' as Flower answers",
     "GET /readyz": "store reachable, policy valid, model loaded or cold start (503 if not)",
 }
 
@@ -97,7 +102,10 @@ class Dashboard:
         return ApiResponse(pages.queues(self.fleet.snapshot(), self.fleet.default_queue))
 
     def workers(self, request: Request) -> Response:
-        return ApiResponse(pages.workers(self.fleet.snapshot(), self.worker_ttl_s))
+        body = pages.workers(self.fleet.snapshot(), self.worker_ttl_s)
+        for row in body["workers"]:
+            row["flower_url"] = flower_link(self.config.flower_url, "worker", row["worker"])
+        return ApiResponse(body)
 
     def predictions(self, request: Request) -> Response:
         return ApiResponse(pages.predictions(self.fleet.snapshot()))
@@ -119,6 +127,7 @@ class Dashboard:
         except StoreError as exc:
             return ApiResponse({"error": redact(exc)}, status_code=503)
         body = task_page(task_id, explained, observation, self.policy)
+        body["flower_url"] = flower_link(self.config.flower_url, "task", task_id)
         return ApiResponse(body, status_code=200 if body["found"] else 404)
 
     def _explain(self, task_id: str) -> dict[str, Any] | None:
@@ -175,6 +184,9 @@ class Dashboard:
     def healthz(self, request: Request) -> Response:
         return ApiResponse({"status": "ok", "version": self.version,
                             "uptime_s": time.time() - self.started_at})
+
+    def healthcheck(self, request: Request) -> Response:
+        return PlainTextResponse("OK")
 
     def readyz(self, request: Request) -> Response:
         snap = self.fleet.snapshot()

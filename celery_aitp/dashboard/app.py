@@ -2,7 +2,9 @@
 
 ``build_dashboard(middleware, config)`` wires a Fleet reader to the app's store and
 broker; ``create_app(dashboard)`` returns the Starlette app wrapped in the security
-middleware. In read-only mode the stage route is not registered at all.
+middleware (outside) and, with ``--proxy-headers``, uvicorn's forwarded-headers
+middleware (inside, so authentication sees the connection's own address). In read-only
+mode the stage route is not registered at all.
 """
 
 from __future__ import annotations
@@ -10,16 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import RedirectResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from celery_aitp.dashboard.api import Dashboard
 from celery_aitp.dashboard.config import DashboardConfig
 from celery_aitp.dashboard.fleet import Fleet
-from celery_aitp.dashboard.metrics import registry_for
-from celery_aitp.dashboard.security import SecurityMiddleware
+from celery_aitp.dashboard.metrics import MetricsApp
+from celery_aitp.dashboard.security import SecurityMiddleware, TrustedPeers
 from celery_aitp.dashboard.views import PAGES, Pages
 from celery_aitp.explain import explain_task
 from celery_aitp.migration.control import StageControl
@@ -52,17 +54,6 @@ def build_dashboard(middleware: Any, config: DashboardConfig, version: str = "")
                      explainer=lambda task_id: explain_task(middleware, task_id))
 
 
-def _metrics(dashboard: Dashboard) -> Any:
-    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-
-    registry = registry_for(dashboard.fleet)
-
-    def metrics(request: Request) -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    return metrics
-
-
 def routes(dashboard: Dashboard) -> list[BaseRoute]:
     """Every route, relative to the URL prefix."""
     views = Pages(dashboard.config, dashboard.version)
@@ -81,8 +72,9 @@ def routes(dashboard: Dashboard) -> list[BaseRoute]:
         Route("/api/tasks", dashboard.tasks),
         Route("/api/tasks/{task_id:str}", dashboard.task),
         Route("/api/stage", dashboard.stage, methods=["GET"]),
-        Route("/metrics", _metrics(dashboard)),
+        Route("/metrics", MetricsApp(dashboard.fleet)),
         Route("/healthz", dashboard.healthz),
+        Route("/healthcheck", dashboard.healthcheck),  # Flower's name for the same probe
         Route("/readyz", dashboard.readyz),
         Mount("/static", StaticFiles(packages=[("celery_aitp.dashboard", "static")]),
               name="static"),
@@ -99,5 +91,9 @@ def create_app(dashboard: Dashboard) -> Any:
     if prefix:
         table = [Mount(prefix, routes=table),
                  Route("/", lambda r: RedirectResponse(prefix + "/"))]
-    app = Starlette(routes=table)
-    return SecurityMiddleware(app, dashboard.config.basic_auth, prefix)
+    config = dashboard.config
+    app: Any = Starlette(routes=table)
+    if config.proxy_headers:
+        app = ProxyHeadersMiddleware(app, trusted_hosts=list(config.forwarded_allow_ips))
+    return SecurityMiddleware(app, config.basic_auth, prefix, auth_header=config.auth_header,
+                              trusted=TrustedPeers(config.forwarded_allow_ips))

@@ -1,17 +1,20 @@
 """Dashboard options, resolved once: defaults < ``AITP_DASHBOARD_*`` environment < flags.
 
 The names follow Flower's (``--port``, ``--address``, ``--basic-auth``, ``--url-prefix``,
-``--read-only``; ``FLOWER_PORT`` becomes ``AITP_DASHBOARD_PORT``). Listening on anything
-but a loopback address without authentication is refused: the dashboard can change the
-migration stage of a whole fleet.
+``--read-only``; ``FLOWER_PORT`` becomes ``AITP_DASHBOARD_PORT``) and uvicorn's
+(``--proxy-headers``, ``--forwarded-allow-ips``). Listening on anything but a loopback
+address without authentication is refused: the dashboard can change the migration stage
+of a whole fleet.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from celery_aitp.errors import PolicyError
 
@@ -20,6 +23,14 @@ DEFAULT_PORT = 5566  # Flower's is 5555: both can run side by side
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
+#: uvicorn's default: only a proxy on the same host is trusted.
+DEFAULT_FORWARDED_ALLOW_IPS = ("127.0.0.1",)
+TRUST_ANY = "*"
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an RFC 9110 token
+#: Headers a proxy may not use to name the user: the client or the server sets them.
+_RESERVED_HEADERS = frozenset({"authorization", "cookie", "host", "origin", "referer",
+                               "content-type", "content-length", "x-forwarded-for",
+                               "x-forwarded-proto", "x-aitp-csrf"})
 
 
 @dataclass(frozen=True)
@@ -33,19 +44,37 @@ class DashboardConfig:
     read_only: bool = False
     refresh_s: float = 2.0
     window_s: float = 300.0
+    #: Take the scheme and client address from X-Forwarded-Proto / X-Forwarded-For, when
+    #: the connection comes from ``forwarded_allow_ips`` (uvicorn's proxy support).
+    proxy_headers: bool = False
+    #: Addresses or networks of the proxies trusted for forwarded headers and for the
+    #: user header (``*``: any, refused together with ``auth_header``).
+    forwarded_allow_ips: tuple[str, ...] = DEFAULT_FORWARDED_ALLOW_IPS
+    #: A header naming the user, set by an authenticating proxy (oauth2-proxy's
+    #: ``X-Forwarded-User``); believed only from ``forwarded_allow_ips``.
+    auth_header: str = ""
+    #: A running Flower's base URL: task and worker pages link to it.
+    flower_url: str = ""
 
     @property
     def auth_required(self) -> bool:
-        return bool(self.basic_auth)
+        return bool(self.basic_auth or self.auth_header)
 
     def check_exposure(self) -> None:
-        """Refuse a non-loopback address without authentication (raises PolicyError)."""
+        """Refuse a non-loopback address without authentication, and a user header that
+        any client could send (raises PolicyError)."""
         if not is_loopback(self.address) and not self.auth_required:
             raise PolicyError(
                 f"--address {self.address}: refusing to listen on a non-loopback address "
                 "without authentication (anyone who reaches it could change the stage); "
-                "add --basic-auth user:password (AITP_DASHBOARD_BASIC_AUTH) or use "
-                "--address 127.0.0.1"
+                "add --basic-auth user:password (AITP_DASHBOARD_BASIC_AUTH), or "
+                "--auth-header behind an authenticating proxy, or use --address 127.0.0.1"
+            )
+        if self.auth_header and TRUST_ANY in self.forwarded_allow_ips:
+            raise PolicyError(
+                f"--auth-header {self.auth_header}: refusing to believe it from any address "
+                "(--forwarded-allow-ips '*'): any client could name itself; list the "
+                "authenticating proxy's addresses instead"
             )
 
 
@@ -88,6 +117,52 @@ def normalise_prefix(prefix: str | None) -> str:
     return "/" + prefix
 
 
+def parse_forwarded_allow_ips(values: str | Sequence[str]) -> tuple[str, ...]:
+    """IP addresses and networks (comma-separated or a list), or ``*``; normalised."""
+    items = values.split(",") if isinstance(values, str) else \
+        [part for value in values for part in str(value).split(",")]
+    found: list[str] = []
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        if item == TRUST_ANY:
+            found.append(TRUST_ANY)
+            continue
+        try:
+            found.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise PolicyError(
+                f"--forwarded-allow-ips {item!r}: expected IP addresses or networks such as "
+                "127.0.0.1,10.0.0.0/8, or '*'") from None
+    if not found:
+        raise PolicyError("--forwarded-allow-ips: empty (give the proxy's address)")
+    return tuple(dict.fromkeys(found))
+
+
+def normalise_header_name(name: str | None) -> str:
+    """'' or a header name a proxy may set (lower case, as ASGI delivers it)."""
+    name = (name or "").strip()
+    if not name:
+        return ""
+    if not _HEADER_NAME.match(name) or name.lower() in _RESERVED_HEADERS:
+        raise PolicyError(f"--auth-header {name!r}: expected a header name the proxy sets, "
+                          "such as X-Forwarded-User")
+    return name.lower()
+
+
+def normalise_flower_url(url: str | None) -> str:
+    """'' or an http(s) base URL without a trailing slash, query or fragment."""
+    url = (url or "").strip().rstrip("/")
+    if not url:
+        return ""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query \
+            or parts.fragment:
+        raise PolicyError(f"--flower-url {url!r}: expected Flower's base URL, such as "
+                          "https://flower.example.org or http://127.0.0.1:5555/flower")
+    return url
+
+
 def _bool(name: str, raw: str) -> bool:
     value = raw.strip().lower()
     if value in _TRUE:
@@ -110,16 +185,18 @@ def _number(name: str, raw: Any, kind: type, low: float, high: float) -> Any:
 def from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
     """The ``AITP_DASHBOARD_*`` values that are set, as raw option values."""
     found: dict[str, Any] = {}
-    for option in ("port", "address", "url_prefix", "refresh_s", "window_s"):
+    for option in ("port", "address", "url_prefix", "refresh_s", "window_s",
+                   "forwarded_allow_ips", "auth_header", "flower_url"):
         raw = environ.get(ENV_PREFIX + option.upper())
         if raw:
             found[option] = raw
     auth = environ.get(ENV_PREFIX + "BASIC_AUTH")
     if auth:
         found["basic_auth"] = [auth]
-    read_only = environ.get(ENV_PREFIX + "READ_ONLY")
-    if read_only is not None:
-        found["read_only"] = _bool("READ_ONLY", read_only)
+    for option in ("read_only", "proxy_headers"):
+        raw = environ.get(ENV_PREFIX + option.upper())
+        if raw is not None:
+            found[option] = _bool(option.upper(), raw)
     return found
 
 
@@ -135,4 +212,9 @@ def resolve_config(environ: Mapping[str, str], **flags: Any) -> DashboardConfig:
         read_only=bool(values.get("read_only", False)),
         refresh_s=_number("--refresh", values.get("refresh_s", 2.0), float, 0.2, 300),
         window_s=_number("--window", values.get("window_s", 300.0), float, 10, 86400),
+        proxy_headers=bool(values.get("proxy_headers", False)),
+        forwarded_allow_ips=parse_forwarded_allow_ips(
+            values.get("forwarded_allow_ips") or DEFAULT_FORWARDED_ALLOW_IPS),
+        auth_header=normalise_header_name(values.get("auth_header")),
+        flower_url=normalise_flower_url(values.get("flower_url")),
     )

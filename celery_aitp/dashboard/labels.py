@@ -9,13 +9,14 @@ a cap of distinct values, then become ``other``. Task ids never become labels.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery_aitp.policy import Policy, Stage
 
 OTHER = "other"
 NONE = "none"
+ALL = "all"
 MAX_FREE_VALUES = 64
 MAX_LABEL_LEN = 80
 
@@ -52,6 +53,15 @@ class Bounds:
 
     def task(self, value: Any) -> str:
         return self._closed(value, self.tasks)
+
+    def queue_labels(self, row: Mapping[str, Any]) -> tuple[str, str, str, str, str]:
+        """queue, kind, tenant, accelerator, tier of a queue row (``Fleet``'s); the tier
+        is ``all`` for a tier queue holding every tier (RabbitMQ's layout)."""
+        tier = self.tier(row.get("tier"))
+        if row.get("kind") == "tier" and row.get("tier") is None:
+            tier = ALL
+        return (str(row.get("queue"))[:MAX_LABEL_LEN], str(row.get("kind")),
+                self.tenant(row.get("tenant")), self.accelerator(row.get("accelerator")), tier)
 
     def free(self, kind: str, value: Any) -> str:
         """A code-produced value (reason, event name), capped in length and in count."""

@@ -1,7 +1,10 @@
-"""Basic authentication, cross-site request protection and response headers.
+"""Authentication, cross-site request protection and response headers.
 
-* Basic auth (when configured) covers every route except ``/healthz`` and ``/readyz``,
-  which orchestrators probe without credentials; passwords are compared in constant time.
+* Authentication (when configured) covers every route except ``/healthz``, ``/readyz``
+  and ``/healthcheck``, which orchestrators probe without credentials. Two ways, either
+  or both: basic auth (passwords compared in constant time), or a user header set by an
+  authenticating proxy (oauth2-proxy style), believed only when the connection itself
+  comes from one of the trusted proxy addresses; from anywhere else it is ignored.
 * A state-changing request must be JSON, come from the dashboard's own origin (``Origin``
   or ``Referer``, and ``Sec-Fetch-Site`` when the browser sends it) and carry the
   double-submit token: the ``X-AITP-CSRF`` header equal to the ``aitp_csrf`` cookie,
@@ -15,14 +18,16 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import secrets
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
 CSRF_COOKIE = "aitp_csrf"
 CSRF_HEADER = "x-aitp-csrf"
-OPEN_PATHS = ("/healthz", "/readyz")
+OPEN_PATHS = ("/healthz", "/readyz", "/healthcheck")
+MAX_USER_LEN = 200
 SECURITY_HEADERS = [
     (b"content-security-policy",
      b"default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
@@ -70,15 +75,65 @@ def check_basic_auth(header: str | None, credentials: tuple[tuple[str, str], ...
     return found
 
 
+class TrustedPeers:
+    """The addresses a proxy may connect from: IP networks, or ``*`` for any."""
+
+    def __init__(self, entries: Iterable[str]) -> None:
+        entries = tuple(entries)
+        self.any = "*" in entries
+        self.networks = tuple(ipaddress.ip_network(e, strict=False) for e in entries
+                              if e != "*")
+
+    def __contains__(self, host: object) -> bool:
+        if self.any:
+            return True
+        try:
+            address = ipaddress.ip_address(str(host))
+        except ValueError:  # no address (a unix socket, a test client): never trusted
+            return False
+        return any(address in network for network in self.networks)
+
+
+def proxy_user(value: str | None) -> str | None:
+    """The user a proxy named, trimmed; None if empty or not printable text."""
+    user = (value or "").strip()[:MAX_USER_LEN]
+    return user if user and user.isprintable() else None
+
+
 class SecurityMiddleware:
-    """ASGI middleware: authentication and security headers for the whole app."""
+    """ASGI middleware: authentication and security headers for the whole app.
+
+    It must wrap the forwarded-headers middleware, so that the peer it checks against
+    the trusted proxies is the connection's own address, not a forwarded one.
+    """
 
     def __init__(self, app: ASGIApp, credentials: tuple[tuple[str, str], ...],
-                 prefix: str = "", realm: str = "celery_aitp") -> None:
+                 prefix: str = "", realm: str = "celery_aitp", auth_header: str = "",
+                 trusted: TrustedPeers | None = None) -> None:
         self.app = app
         self.credentials = credentials
         self.open_paths = tuple(prefix + p for p in OPEN_PATHS)
         self.realm = realm
+        self.auth_header = auth_header.lower()
+        self.trusted = trusted or TrustedPeers(())
+
+    @property
+    def auth_required(self) -> bool:
+        return bool(self.credentials or self.auth_header)
+
+    def user_of(self, scope: Scope) -> str | None:
+        """Who the request is from: the proxy's user header (from a trusted peer only),
+        else basic auth; None if neither."""
+        headers = _headers(scope)
+        if self.auth_header:
+            peer = (scope.get("client") or (None,))[0]
+            if peer in self.trusted:
+                user = proxy_user(headers.get(self.auth_header))
+                if user is not None:
+                    return user
+        if self.credentials:
+            return check_basic_auth(headers.get("authorization"), self.credentials)
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -90,14 +145,22 @@ class SecurityMiddleware:
                 message["headers"] = list(message.get("headers", [])) + SECURITY_HEADERS
             await send(message)
 
-        if self.credentials and scope.get("path") not in self.open_paths:
-            user = check_basic_auth(_headers(scope).get("authorization"), self.credentials)
+        if self.auth_required and scope.get("path") not in self.open_paths:
+            user = self.user_of(scope)
             if user is None:
-                await _plain(send_with_headers, 401, b"authentication required\n",
-                             [(b"www-authenticate", f'Basic realm="{self.realm}"'.encode())])
+                await self._refuse(send_with_headers)
                 return
             scope.setdefault("state", {})["user"] = user
         await self.app(scope, receive, send_with_headers)
+
+
+    async def _refuse(self, send: Send) -> None:
+        if self.credentials:
+            await _plain(send, 401, b"authentication required\n",
+                         [(b"www-authenticate", f'Basic realm="{self.realm}"'.encode())])
+        else:  # no password prompt: only the proxy can sign a user in
+            await _plain(send, 401, b"authentication required: sign in through the "
+                                    b"authenticating proxy\n")
 
 
 async def _plain(send: Send, status: int, body: bytes,
@@ -132,7 +195,12 @@ def cross_site_problem(headers: dict[str, str], scheme: str, cookies: dict[str, 
     if claimed is None and referer:
         claimed = _origin_of(referer)
     if origin == "null" or (claimed is not None and claimed != own):
-        return f"cross-site request refused (origin {origin or referer} is not {own})"
+        hint = ""
+        forwarded = headers.get("x-forwarded-proto")
+        if forwarded and forwarded != scheme:
+            hint = (f"; behind a proxy serving {forwarded}, start the dashboard with "
+                    "--proxy-headers and --forwarded-allow-ips <the proxy's address>")
+        return f"cross-site request refused (origin {origin or referer} is not {own}{hint})"
     if not headers.get("content-type", "").lower().startswith("application/json"):
         return "expected Content-Type: application/json"
     token, cookie = headers.get(CSRF_HEADER, ""), cookies.get(CSRF_COOKIE, "")

@@ -72,6 +72,8 @@ class Pages:
         for key, value in values.items():
             html = html.replace("{{" + key + "}}", value)
         response = HTMLResponse(html)
+        # Secure under TLS (seen through --proxy-headers behind a TLS proxy)
         response.set_cookie(CSRF_COOKIE, token, httponly=False, samesite="strict",
+                            secure=request.url.scheme == "https",
                             path=self.config.url_prefix or "/")
         return response

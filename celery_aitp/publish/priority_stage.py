@@ -1,25 +1,34 @@
-"""The ``priority`` stage: a weighted score of normalised factors, mapped to a tier.
+"""The ``priority`` stage: tiers are size classes, shortest (most urgent) work first.
 
-    score = sum(weight_f * factor_f) / sum(weight_f)        (factors: scheduling.factors)
-    tier  = highest tier whose min_score <= score
+    urgency   = sum(weight_f * factor_f) / sum(weight_f)     f: tenant, sla, impact,
+                                                             resources, age (scheduling.factors)
+    effective = predicted p90 / (urgency_range ** urgency    (p50, then a declared hint,
+                                 * the tenant's boost)       when there is no p90; boost:
+                                                             scheduling/feedback.py)
+    tier      = the size class of ``effective`` among the fleet's recent effective sizes
+                on the task's accelerator class (scheduling/size_classes.py)
           -> raised to the task's declared tier if that is higher (a floor)
           -> lowered to the tenant's max_tier if above it (the cap; nothing raises it)
           -> one tier lower while the tenant is above its fair share
 
+The p90, not the median, is what counts, so an uncertain prediction never puts a task
+that may well be long ahead of tasks known to be short. A task with no prediction at all,
+or on an accelerator class with too few recent sizes to draw boundaries from, takes the
+lowest tier (or its floor), as before anything is known.
+
 What does not change between publishes of the same task by the same tenant (tenant,
-SLA, declared labels, resources) is computed once and cached; per publish remain the
-runtime and age factors, header labels, the tier lookup and the usage charge.
+SLA, declared labels, resources, urgency) is computed once and cached.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from math import log
 from typing import Any
 
+from celery_aitp.cache import BoundedDict
 from celery_aitp.policy import Policy
-from celery_aitp.priority_policy import FACTORS
+from celery_aitp.priority_policy import URGENCY_FACTORS
 from celery_aitp.publish.live_view import View
 from celery_aitp.publish.request import Decision, Request
 from celery_aitp.scheduling.factors import (
@@ -28,78 +37,60 @@ from celery_aitp.scheduling.factors import (
     sla_factor,
     tenant_factor,
 )
+from celery_aitp.scheduling.feedback import BOOSTS_SOURCE, Boosts, BoostSource
+from celery_aitp.scheduling.size_classes import SizeClasses
+from celery_aitp.scheduling.size_source import SIZES_SOURCE, SizeSource
 from celery_aitp.scheduling.usage import USAGE_SOURCE, UsageSource
 from celery_aitp.worker.running import running_origin
 
 #: Labels accepted in one ``aitp_labels`` header; more is bad input.
 MAX_HEADER_LABELS = 16
 CACHE_LIMIT = 20_000
+_NO_CLASSES = SizeClasses()
+_NO_BOOSTS = Boosts()
 
 
 class _Static:
-    """The per-(task, tenant) part of the score."""
+    """The per-(task, tenant) part of the placement."""
 
-    __slots__ = ("declared", "profile", "tenant", "sla", "impact", "resources", "partial",
-                 "floor", "cap", "lowest", "names", "hint", "notes", "_placed")
+    __slots__ = ("declared", "profile", "factors", "partial", "floor", "cap", "hint",
+                 "notes")
 
-    def __init__(self, declared: Mapping[str, Any], profile: Any, factors: tuple[float, ...],
-                 partial: float, floor: int | None, cap: int, names: tuple[str, ...],
+    def __init__(self, declared: Mapping[str, Any], profile: Any,
+                 factors: dict[str, float], partial: float, floor: int | None, cap: int,
                  notes: tuple[str, ...]) -> None:
         self.declared = declared
         self.profile = profile
-        self.tenant, self.sla, self.impact, self.resources = factors
-        self.partial = partial  # weighted tenant + sla + resources
+        self.factors = factors  # tenant, sla, impact, resources (age: per publish)
+        self.partial = partial  # their weighted sum
         self.floor = floor
         self.cap = cap
-        self.names = names
-        self.lowest = len(names) - 1
         hint = declared.get("runtime_hint_s")
         self.hint = hint if isinstance(hint, (int, float)) and not isinstance(hint, bool) \
-            else None
+            and hint > 0 else None
         self.notes = notes
-        self._placed: dict[tuple[int, bool], tuple[str, dict[str, Any]]] = {}
-
-    def place(self, by_score: int, demoted: bool) -> tuple[str, dict[str, Any]]:
-        """The tier and the steps that led to it (cached: a handful per task and tenant)."""
-        found = self._placed.get((by_score, demoted))
-        if found is None:
-            rank = by_score
-            if self.floor is not None and self.floor < rank:
-                rank = self.floor
-            if rank < self.cap:
-                rank = self.cap  # the tenant's max_tier: nothing raises a task above it
-            demoted = demoted and rank < self.lowest
-            if demoted:
-                rank += 1
-            names = self.names
-            steps = {"score": names[by_score],
-                     "floor": names[self.floor] if self.floor is not None else None,
-                     "cap": names[self.cap], "fair_share": demoted}
-            found = self._placed[(by_score, demoted)] = (names[rank], steps)
-        return found
 
 
 class PriorityStage:
-    """Fills ``tier``, ``score``, ``factors`` and ``tier_steps``; charges fair-share usage."""
+    """Fills ``tier``, ``score`` (the urgency), ``factors`` and ``tier_steps``; charges
+    fair-share usage and the size histogram."""
 
     name = "priority"
 
     def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:
         self.policy = policy
         self.usage = UsageSource(policy, clock)
-        self.sources = (self.usage,)
+        self.sizes = SizeSource(policy.placement, len(policy.tiers), clock)
+        self.sources = (self.usage, self.sizes, BoostSource(policy))
+        self.keyed_sources = (USAGE_SOURCE,)  # read through memo_key only
         p = policy.priority
         self.settings = p
-        self.weights = {f: float(getattr(p.weights, f)) for f in FACTORS}
-        self.total = sum(self.weights.values())
-        self._w_impact = self.weights["impact"]
-        self._w_runtime = self.weights["runtime"]
-        self._w_age = self.weights["age"]
-        self._rt_low, self._rt_high = p.runtime_min_s, p.runtime_max_s
-        self._rt_span = log(p.runtime_max_s / p.runtime_min_s)
+        self.weights = {f: float(getattr(p.weights, f)) for f in URGENCY_FACTORS}
+        self.total = sum(self.weights.values()) or 1.0
+        self.urgency_range = policy.placement.urgency_range
         self.names = policy.tier_names
+        self.lowest = len(self.names) - 1
         self.rank = {name: i for i, name in enumerate(self.names)}
-        self.min_scores = policy.tier_min_scores()
         self.cap = {t: self.rank[s.max_tier] if s.max_tier else 0
                     for t, s in policy.tenants.items()}
         slas = [t.sla_s for t in policy.tiers]
@@ -111,7 +102,7 @@ class PriorityStage:
         self.labels = dict(policy.labels)
         self.fair_share = policy.fair_share.enabled
         self.default_cost = policy.fair_share.default_cost_s
-        self._cache: dict[tuple[str, str], _Static] = {}
+        self._cache: BoundedDict[tuple[str, str], _Static] = BoundedDict(CACHE_LIMIT)
 
     # --- the cached part ------------------------------------------------------------
 
@@ -159,109 +150,111 @@ class PriorityStage:
         if p.favor_small:
             resources = 1.0 - resources
         cap = self.cap.get(tenant, 0)
-        tenant_f = tenant_factor(cap, len(self.names))
-        sla_f = sla_factor(sla, *self.sla_range)
-        w = self.weights
-        partial = w["tenant"] * tenant_f + w["sla"] * sla_f + w["resources"] * resources
-        return _Static(declared, profile, (tenant_f, sla_f, impact, resources), partial, floor,
-                       cap, self.names, tuple(notes))
+        factors = {"tenant": tenant_factor(cap, len(self.names)),
+                   "sla": sla_factor(sla, *self.sla_range), "impact": impact,
+                   "resources": resources}
+        partial = sum(self.weights[name] * value for name, value in factors.items())
+        return _Static(declared, profile, factors, partial, floor, cap, tuple(notes))
+
+    def _cached(self, request: Request, decision: Decision) -> _Static:
+        key = (request.task, decision.tenant)
+        static = self._cache.get(key)
+        if static is None or static.declared is not request.declared or \
+                static.profile is not decision.profile:
+            static = self._cache.put(key, self._static(request, decision.tenant,
+                                                       decision.profile))
+        return static
 
     # --- per publish ----------------------------------------------------------------
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
-        tenant = decision.tenant
-        profile = decision.profile
-        key = (request.task, tenant)
-        static = self._cache.get(key)
-        if static is None or static.declared is not request.declared or \
-                static.profile is not profile:
-            if len(self._cache) >= CACHE_LIMIT:
-                self._cache.clear()
-            static = self._cache[key] = self._static(request, tenant, profile)
+        static = self._cached(request, decision)
         if static.notes:
             decision.notes.extend(static.notes)
-        headers = request.headers
-        impact = static.impact
-        if "aitp_labels" in headers:
-            impact = self._header_impact(headers["aitp_labels"], impact, decision)
-        predicted = decision.predicted_p90_s
-        if predicted is None:
-            predicted = decision.predicted_runtime_s
-            if predicted is None:
-                predicted = static.hint
-        runtime = self._runtime(predicted)
+        factors = dict(static.factors)
+        if "aitp_labels" in request.headers:
+            factors["impact"] = self._header_impact(request.headers["aitp_labels"],
+                                                    factors["impact"], decision)
         now = decision.decided_at
-        age = 0.0
+        factors["age"] = 0.0
         if request.retries:
             origin = _origin(request, now)
             decision.origin_at = origin
-            age = age_factor(now - origin, self.settings.max_age_s)
+            factors["age"] = age_factor(now - origin, self.settings.max_age_s)
         else:
             decision.origin_at = now
-        score = self._score(static, impact, runtime, age)
-        rank = self.rank_of(score)
-        demoted = False
-        if self.fair_share:
-            usage = view.sources.get(USAGE_SOURCE)
-            demoted = usage is not None and tenant in usage.demoted
-        decision.tier, decision.tier_steps = static.place(rank, demoted)
-        decision.score = score
-        decision.factors = {"tenant": static.tenant, "sla": static.sla, "impact": impact,
-                            "resources": static.resources, "runtime": runtime, "age": age}
-        self.usage.pending.append(self.charge_of(decision))
-
-    def _score(self, static: _Static, impact: float, runtime: float, age: float) -> float:
-        return (static.partial + self._w_impact * impact + self._w_runtime * runtime
-                + self._w_age * age) / self.total
-
-    def rank_of(self, score: float) -> int:
-        """The rank of the highest tier whose ``min_score`` the score reaches: the tier
-        the score alone picks (before floor, cap and fair share)."""
-        rank = 0
-        for threshold in self.min_scores:
-            if score >= threshold:
-                break
+        urgency = (static.partial + self.weights["impact"] * (factors["impact"]
+                                                              - static.factors["impact"])
+                   + self.weights["age"] * factors["age"]) / self.total
+        size = _size_of(decision, static.hint)
+        boost = view.sources.get(BOOSTS_SOURCE, _NO_BOOSTS).of(decision.tenant)
+        effective = None if size is None else size / (self.urgency_range ** urgency * boost)
+        classes = view.sources.get(SIZES_SOURCE, _NO_CLASSES)
+        by_size = classes.rank(decision.accelerator, effective, self.lowest)
+        demoted = self._demoted(decision.tenant, view)
+        rank = by_size
+        if static.floor is not None and static.floor < rank:
+            rank = static.floor
+        if rank < static.cap:
+            rank = static.cap  # the tenant's max_tier: nothing raises a task above it
+        demoted = demoted and rank < self.lowest
+        if demoted:
             rank += 1
-        return rank
+        names = self.names
+        decision.tier = names[rank]
+        decision.tier_steps = {
+            "size": names[by_size], "effective_size_s": effective,
+            "bounds_s": classes.as_dict().get(decision.accelerator),
+            "floor": names[static.floor] if static.floor is not None else None,
+            "cap": names[static.cap], "fair_share": demoted, "boost": boost}
+        decision.score = urgency
+        decision.factors = factors
+        for queue, item in self.charges_of(decision):
+            queue.append(item)
 
-    def rescore(self, task: str, tenant: str, p90: float) -> tuple[float, float, int] | None:
-        """(runtime factor, score, rank) the stage gives a first publish of ``task`` for
-        ``tenant`` with no ``aitp_labels`` header and a predicted p90 of ``p90``; None
-        unless the stage has scored that task for that tenant already (its cached part,
-        which a view or declaration change replaces, is all the rest depends on)."""
-        static = self._cache.get((task, tenant))
-        if static is None:
+    def memo_key(self, request: Request, decision: Decision, view: View
+                 ) -> tuple[bool] | None:
+        """Whether the tenant is above its fair share; None for a retry (its age
+        factor grows with time) or a task with an ``aitp_labels`` header (read per
+        publish). The rest is the task, tenant and prediction, and the view (the size
+        boundaries included)."""
+        if request.retries or "aitp_labels" in request.headers:
             return None
-        runtime = self._runtime(p90)
-        score = self._score(static, static.impact, runtime, 0.0)
-        return runtime, score, self.rank_of(score)
+        return (self._demoted(decision.tenant, view),)
 
-    def charge_of(self, decision: Decision) -> tuple[str, str, float]:
-        """What a decision adds to its tenant's fair-share usage: the predicted runtime,
-        or ``fair_share.default_cost_s`` without one."""
-        return self.charge_for(decision.tenant, decision.tier, decision.predicted_runtime_s)
+    def _demoted(self, tenant: str, view: View) -> bool:
+        if not self.fair_share:
+            return False
+        usage = view.sources.get(USAGE_SOURCE)
+        return usage is not None and tenant in usage.demoted
 
-    def charge_for(self, tenant: str, tier: str, runtime_s: float | None
-                   ) -> tuple[str, str, float]:
-        """``charge_of`` a decision for ``tenant`` at ``tier`` predicting ``runtime_s``."""
-        return tenant, tier, runtime_s if runtime_s is not None and runtime_s >= 0 \
-            else self.default_cost
-
-    def _runtime(self, seconds: float | None) -> float:
-        """``scheduling.factors.runtime_factor`` with the policy's constants precomputed."""
-        if seconds is None or seconds != seconds:  # unknown (or NaN): neutral
-            return 0.5
-        if seconds <= self._rt_low:
-            return 1.0
-        if seconds >= self._rt_high:
-            return 0.0
-        return 1.0 - log(seconds / self._rt_low) / self._rt_span
+    def charges_of(self, decision: Decision) -> tuple[tuple[Any, Any], ...]:
+        """What a placed decision adds to the shared tallies, as (deque, item) pairs:
+        its tenant's fair-share usage (the predicted runtime, or
+        ``fair_share.default_cost_s`` without one) and, with a size, the histogram the
+        tier boundaries come from."""
+        runtime_s = decision.predicted_runtime_s
+        usage = (self.usage.pending, (decision.tenant, decision.tier, runtime_s
+                                      if runtime_s is not None and runtime_s >= 0
+                                      else self.default_cost))
+        effective = (decision.tier_steps or {}).get("effective_size_s")
+        if effective is None:
+            return (usage,)
+        return usage, (self.sizes.pending, (decision.accelerator, effective))
 
     def _header_impact(self, raw: Any, impact: float, decision: Decision) -> float:
         if not self.settings.header_labels:
             decision.notes.append("labels_ignored")
             return impact
         return max(impact, self._label_impact(raw, decision.notes, "labels_invalid"))
+
+
+def _size_of(decision: Decision, hint: float | None) -> float | None:
+    """The size a task is placed by: the predicted p90, else the p50, else the hint."""
+    for value in (decision.predicted_p90_s, decision.predicted_runtime_s, hint):
+        if value is not None and value >= 0:
+            return float(value)
+    return None
 
 
 def _origin(request: Request, now: float) -> float:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from celery_aitp.cache import BoundedDict
 from celery_aitp.policy import Policy
 from celery_aitp.profiles.profile import MergedProfile, ObservedProfile, merge_profile
 from celery_aitp.profiles.store import ProfileSource
@@ -33,8 +34,8 @@ class ProfileStage:
         self.sources = (self.source,)
         self.accelerators = frozenset(policy.accelerators)
         self.default = policy.default_accelerator
-        self._cache: dict[str, tuple[ObservedProfile | None, Mapping[str, Any],
-                                     MergedProfile]] = {}
+        self._cache: BoundedDict[str, tuple[ObservedProfile | None, Mapping[str, Any],
+                                            MergedProfile]] = BoundedDict(CACHE_LIMIT)
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         task = request.task
@@ -44,11 +45,13 @@ class ProfileStage:
         entry = self._cache.get(task)
         if entry is None or entry[0] is not observed or entry[1] is not declared:
             merged = merge_profile(declared, observed, self.accelerators, self.default)
-            if len(self._cache) >= CACHE_LIMIT:
-                self._cache.clear()
-            entry = self._cache[task] = (observed, declared, merged)
+            entry = self._cache.put(task, (observed, declared, merged))
         merged = entry[2]
         decision.accelerator = merged.accelerator
         decision.profile = merged.record
         if merged.notes:
             decision.notes.extend(merged.notes)
+
+    #: Nothing beyond the task name (its declaration is fixed per name) and the profile
+    #: book, which the memo compares per view (see ``Pipeline.key``).
+    memo_key = ()

@@ -7,7 +7,6 @@ must cost well under a microsecond. Stages fill a Decision in, in pipeline order
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
@@ -24,9 +23,6 @@ RECORD_VERSION = 1
 #: Longest ``aitp`` header text read back (a decision's is about 350 characters).
 MAX_HEADER_CHARS = 4096
 
-#: JSON of the fields many decisions share, by their values (bounded by the policy).
-_SHARED_JSON: dict[tuple[Any, ...], str] = {}
-_SHARED_LIMIT = 4096
 
 
 class Request:
@@ -165,22 +161,6 @@ class Decision:
         self.tier_steps: dict[str, Any] | None = None  # how the score became the tier
         self.origin_at: float | None = None  # first publish of this task (kept by retries)
 
-    def for_task(self, task_id: str, decided_at: float) -> Decision:
-        """This decision again, for another first publish of the same task: every field
-        copied (the notes as a new list) but the id and the times (``origin_at`` is the
-        decision time, as for any first publish)."""
-        other = Decision(self.stage, decided_at, self.task, task_id)
-        other.tenant, other.tier, other.accelerator = self.tenant, self.tier, self.accelerator
-        other.features, other.feature_key = self.features, self.feature_key
-        other.predicted_runtime_s, other.predicted_p90_s = (self.predicted_runtime_s,
-                                                            self.predicted_p90_s)
-        other.prediction_source, other.profile = self.prediction_source, self.profile
-        other.score, other.factors = self.score, self.factors
-        other.queue, other.routed, other.reason = self.queue, self.routed, self.reason
-        other.arm, other.notes, other.tier_steps = self.arm, list(self.notes), self.tier_steps
-        other.origin_at = decided_at
-        return other
-
     def fall_back(self, reason: str) -> Decision:
         """Send the task down Celery's own path, keeping what was decided for the record."""
         self.routed = False
@@ -208,27 +188,26 @@ class Decision:
     def header_prefix(self) -> str:
         """The header's JSON before ``decided_at`` (ending in a comma): all of it that
         does not depend on the time (:func:`header_json` puts it together)."""
-        return prefix_of(self.header_frame(), self.predicted_runtime_s, self.predicted_p90_s,
-                         self.score)
-
-    def header_frame(self) -> HeaderFrame:
-        """The header prefix's text around its three numbers (p50, p90, score), for
-        :func:`prefix_of`. Decisions that differ only in those numbers share a frame, so
-        the memo writes the header of a decision derived by score band without the rest.
-        """
-        fragment = _fragment(_HEADER_JSON, _HEADER_FIELDS, (
-            self.tenant, self.tier, self.accelerator, self.stage, self.routed, self.queue,
-            self.reason))
-        middle = "" if self.predicted_runtime_s is None else \
-            f',"prediction_source":{_source_json(self.prediction_source)},'
+        shared = _ENCODE({"tenant": self.tenant, "tier": self.tier,
+                          "accelerator": self.accelerator, "stage": self.stage,
+                          "routed": self.routed, "queue": self.queue,
+                          "reason": self.reason})[1:-1]
+        p50 = self.predicted_runtime_s
+        parts = [f'{{"v":{HEADER_VERSION},{shared},"predicted_runtime_s":']
+        if p50 is None:
+            parts.append("null,")
+        else:
+            parts.append(f'{json_number(p50)},"predicted_p90_s":'
+                         f'{json_number(self.predicted_p90_s)},"prediction_source":'
+                         f'{_ENCODE(self.prediction_source)},')
         if self.arm is not None:
-            middle += f'"arm":{_ENCODE(self.arm)},'
+            parts.append(f'"arm":{_ENCODE(self.arm)},')
         if self.score is not None:
-            middle += '"score":'
+            parts.append(f'"score":{json_number(self.score)},')
         origin = self.origin_at
-        tail = "" if origin is None or origin == self.decided_at else \
-            f'"origin_at":{json_number(origin)},'  # a retry's first publish
-        return f'{{"v":{HEADER_VERSION},{fragment},"predicted_runtime_s":', middle, tail
+        if origin is not None and origin != self.decided_at:  # a retry's first publish
+            parts.append(f'"origin_at":{json_number(origin)},')
+        return "".join(parts)
 
     def record(self) -> dict[str, Any]:
         """The decision as stored for comparison and ``explain`` (every field, even unset).
@@ -274,12 +253,14 @@ class Decision:
         return self.record_head(), self.record_body()
 
     def record_head(self) -> str:
-        """The start of the record's JSON: ``{"v":1`` and the fields many decisions share
+        """The start of the record's JSON: ``{"v":1`` and the fields before the task id
         (:func:`record_json_of` puts it together)."""
-        fragment = _fragment(_SHARED_JSON, _SHARED_FIELDS, (
-            self.task, self.tenant, self.tier, self.accelerator, self.prediction_source,
-            self.stage, self.routed, self.queue, self.reason, self.arm))
-        return f'{{"v":{RECORD_VERSION},{fragment}'
+        shared = _ENCODE({"task": self.task, "tenant": self.tenant, "tier": self.tier,
+                          "accelerator": self.accelerator,
+                          "prediction_source": self.prediction_source, "stage": self.stage,
+                          "routed": self.routed, "queue": self.queue, "reason": self.reason,
+                          "arm": self.arm})[1:-1]
+        return f'{{"v":{RECORD_VERSION},{shared}'
 
     def record_body(self) -> str:
         """The record's JSON from the prediction to the tier steps (``,"predicted_..."``);
@@ -287,24 +268,8 @@ class Decision:
         return (f',"predicted_runtime_s":{json_number(self.predicted_runtime_s)},'
                 f'"predicted_p90_s":{json_number(self.predicted_p90_s)},'
                 f'"score":{json_number(self.score)},'
-                f'"factors":{_factors(self.factors)},'
-                f'"profile":{_shared(self.profile)},"tier_steps":{_shared(self.tier_steps)}')
-
-
-#: (before the p50, between the p90 and the score, after the score): see ``prefix_of``.
-HeaderFrame = tuple[str, str, str]
-
-
-def prefix_of(frame: HeaderFrame, p50: float | None, p90: float | None,
-              score: float | None) -> str:
-    """A header prefix from its frame (:meth:`Decision.header_frame`) and its numbers:
-    the p50 (``null`` when unknown; then no p90 either) and the score (left out when
-    unset)."""
-    head, middle, tail = frame
-    prediction = "null," if p50 is None else \
-        f'{json_number(p50)},"predicted_p90_s":{json_number(p90)}'
-    scored = "" if score is None else f"{json_number(score)},"
-    return f"{head}{prediction}{middle}{scored}{tail}"
+                f'"factors":{_ENCODE(self.factors)},'
+                f'"profile":{_ENCODE(self.profile)},"tier_steps":{_ENCODE(self.tier_steps)}')
 
 
 def header_json(prefix: str, decided_at: Any) -> str:
@@ -319,68 +284,3 @@ def record_json_of(head: str, task_id: str, body: str, decided_at: Any, origin_a
     origin_s = at_s if origin_at is decided_at else json_number(origin_at)
     return (f'{head},"task_id":{_quote(task_id)}{body},"decided_at":{at_s},'
             f'"origin_at":{origin_s}}}')
-
-
-_HEADER_FIELDS = ("tenant", "tier", "accelerator", "stage", "routed", "queue", "reason")
-#: JSON of the header fields many decisions share, by their values.
-_HEADER_JSON: dict[tuple[Any, ...], str] = {}
-_SHARED_FIELDS = ("task", "tenant", "tier", "accelerator", "prediction_source", "stage",
-                  "routed", "queue", "reason", "arm")
-
-
-def _fragment(cache: dict[tuple[Any, ...], str], fields: tuple[str, ...],
-              values: tuple[Any, ...]) -> str:
-    """``"field":value,...`` of the fields many decisions share, encoded once per
-    distinct combination (the cache starts over beyond ``_SHARED_LIMIT``)."""
-    found = cache.get(values)
-    if found is None:
-        if len(cache) >= _SHARED_LIMIT:
-            cache.clear()
-        found = cache[values] = _ENCODE(dict(zip(fields, values, strict=True)))[1:-1]
-    return found
-
-
-def _source_json(source: Any) -> str:
-    """A prediction source ('model', 'history', ...) as JSON: a plain text quoted by the
-    C escaper, anything else by the general encoder."""
-    return _quote(source) if type(source) is str else _ENCODE(source)
-
-
-def _detail(value: Any) -> str:
-    return "null" if value is None else _ENCODE(value)
-
-
-#: JSON of detail objects the stages share between decisions (a task's merged profile,
-#: the tier steps of a score), by identity; the object is kept so its id is not reused.
-_SHARED_DETAIL: dict[int, tuple[Any, str]] = {}
-
-
-def _shared(value: Any) -> str:
-    """``_detail`` for objects the stages cache and never change after building them."""
-    if value is None:
-        return "null"
-    found = _SHARED_DETAIL.get(id(value))
-    if found is not None and found[0] is value:
-        return found[1]
-    if len(_SHARED_DETAIL) >= _SHARED_LIMIT:
-        _SHARED_DETAIL.clear()
-    text = _ENCODE(value)
-    _SHARED_DETAIL[id(value)] = (value, text)
-    return text
-
-
-def _factors(value: Any) -> str:
-    """The priority stage's factors (six finite floats, in a fixed order) without the
-    general encoder; anything else takes it."""
-    if type(value) is dict and len(value) == 6:
-        try:
-            a, b, c, d, e, f = (value["tenant"], value["sla"], value["impact"],
-                                value["resources"], value["runtime"], value["age"])
-        except KeyError:
-            return _detail(value)
-        if (type(a) is float and type(b) is float and type(c) is float and type(d) is float
-                and type(e) is float and type(f) is float and math.isfinite(a + b + c + d + e + f)):
-            # a sum of floats is finite only if every one is
-            return (f'{{"tenant":{a!r},"sla":{b!r},"impact":{c!r},"resources":{d!r},'
-                    f'"runtime":{e!r},"age":{f!r}}}')
-    return _detail(value)

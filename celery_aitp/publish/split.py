@@ -73,6 +73,10 @@ class SplitRule:
             return False
         return p90 / p50 <= self.max_uncertainty
 
+    def in_share(self, key: str) -> bool:
+        """Whether the arm key's bucket is in the routed percentage (selectors aside)."""
+        return self.percent >= 100 or (self.percent > 0 and split_bucket(key) < self.percent)
+
     def routes(self, key: str, task: str, tenant: str | None, tier: str | None,
                p50: float | None = None, p90: float | None = None) -> bool:
         """Whether the task is on the routed arm."""
@@ -80,4 +84,4 @@ class SplitRule:
             return False
         if self.selective and not self.selects(task, tenant, tier, p50, p90):
             return False
-        return self.percent >= 100 or split_bucket(key) < self.percent
+        return self.in_share(key)

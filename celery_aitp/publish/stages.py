@@ -104,6 +104,10 @@ class RouteStage:
             decision.routed = True
             decision.reason = "routed"
 
+    #: Nothing: tenant, accelerator and tier come from earlier stages, freshness and
+    #: live queues from the view (see ``Pipeline.key``).
+    memo_key = ()
+
 
 def split_selects(split: SplitSettings, request: Request, decision: Decision) -> bool:
     """Whether the split's selectors and percentage put this task on the routed arm."""
@@ -113,7 +117,7 @@ def split_selects(split: SplitSettings, request: Request, decision: Decision) ->
 
 
 #: Read per publish: module globals are found faster than Enum members.
-_TAKEOVER, _COEXISTENCE = Stage.TAKEOVER, Stage.COEXISTENCE
+_TAKEOVER, _COEXISTENCE, _SPLIT = Stage.TAKEOVER, Stage.COEXISTENCE, Stage.SPLIT
 
 
 class GateStage:
@@ -146,3 +150,14 @@ class GateStage:
         decision.arm = "routed" if selected else "standard"
         if decision.routed and not selected:
             decision.fall_back("split_standard_arm")
+
+    def memo_key(self, request: Request, decision: Decision, view: View) -> tuple[bool, ...]:
+        """In the split stage, whether the task's arm key falls in the routed share:
+        the selectors read only the task, tenant, tier and prediction, which the rest of
+        the key fixes."""
+        if view.stage is not _SPLIT:
+            return ()
+        rule = self._rule
+        if rule.source is not view.split:
+            rule = self._rule = SplitRule(view.split)
+        return (rule.in_share(request.root_id or request.task_id),)

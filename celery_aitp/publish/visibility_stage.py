@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from celery_aitp.cache import BoundedDict
 from celery_aitp.policy import VisibilityGuardSettings
 from celery_aitp.publish.live_view import View
 from celery_aitp.publish.request import Decision, Request
@@ -88,13 +89,21 @@ class VisibilityStage:
         self.action = settings.action
         self.log_interval_s = settings.log_interval_s
         self._clock = clock
-        self._logged: dict[str, float] = {}
+        self._logged: BoundedDict[str, float] = BoundedDict(_LOG_MEMORY)
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         p50, p90 = decision.predicted_runtime_s, decision.predicted_p90_s
         if request.eta is None and self.passes(p50, p90):
             return  # the common case
         self._check(request, decision, p90 if self.use_p90 else p50)
+
+    def memo_key(self, request: Request, decision: Decision, view: View) -> tuple[()] | None:
+        """Nothing for a task that passes unchecked (its prediction is in the key); a
+        task the guard looks at is decided each time (the warning is rate-limited)."""
+        if request.eta is None and self.passes(decision.predicted_runtime_s,
+                                               decision.predicted_p90_s):
+            return ()
+        return None
 
     def passes(self, p50: float | None, p90: float | None) -> bool:
         """Whether a task with no ETA and this prediction passes unchecked (what
@@ -122,9 +131,7 @@ class VisibilityStage:
         last = self._logged.get(task)
         if last is not None and now - last < self.log_interval_s:
             return
-        if len(self._logged) >= _LOG_MEMORY:
-            self._logged.clear()
-        self._logged[task] = now
+        self._logged.put(task, now)
         what = "sent to the default queue" if self.action == "default_queue" else \
             "sent to the visibility_guard queue" if self.action == "queue" else "route unchanged"
         logger.warning(

@@ -1,4 +1,4 @@
-"""The priority matrix's factors: each maps what is known about a task to [0, 1].
+"""The urgency factors: each maps what is known about a task to [0, 1].
 
 Higher is more urgent. Logarithmic scales for times, because the difference between a
 1 s and a 10 s SLA matters as much as between 60 s and 600 s.
@@ -12,9 +12,6 @@ impact     the highest weight among the task's labels (declared or ``aitp_labels
            header, only labels of the policy) or its declared ``impact``; 0 without
 resources  ``max(accelerator other than the default, memory / memory_scale_mb,
            cores / cpu_scale_cores)`` capped at 1; ``1 - that`` with ``favor_small``
-runtime    ``1 - (ln p - ln runtime_min_s) / (ln runtime_max_s - ln runtime_min_s)``
-           for the upper-quantile prediction ``p`` (p90; else p50; else the declared
-           ``runtime_hint_s``); 0.5 when nothing is known
 age        ``(now - first publish) / max_age_s`` capped at 1 (retries keep their origin)
 =========  ====================================================================
 """
@@ -49,12 +46,6 @@ def sla_factor(sla_s: float | None, min_sla: float, max_sla: float) -> float:
     if max_sla <= min_sla:
         return 1.0 if sla_s <= min_sla else 0.0
     return 1.0 - log_scale(sla_s, min_sla, max_sla)
-
-
-def runtime_factor(seconds: float | None, low: float, high: float) -> float:
-    if seconds is None or not seconds >= 0:  # None or NaN: unknown
-        return 0.5
-    return 1.0 - log_scale(seconds, low, high)
 
 
 def resource_demand(profile: Mapping[str, Any] | None, default_accelerator: str,

@@ -73,6 +73,11 @@ class Keys:
         """Short lock so one process at a time runs RabbitMQ aging passes."""
         return self._k("lock", "aging")
 
+    @property
+    def feedback_lock(self) -> str:
+        """Short lock so one process at a time adjusts the feedback boosts."""
+        return self._k("lock", "feedback")
+
     def any(self, *parts: str) -> str:
         """A key under the prefix for a component that owns its own keys."""
         return self._k(*parts)

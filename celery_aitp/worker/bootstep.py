@@ -23,6 +23,7 @@ from celery_aitp.middleware import store_url_for
 from celery_aitp.policy import Policy
 from celery_aitp.queues import tier_queue_name
 from celery_aitp.redact import redact
+from celery_aitp.scheduling.feedback import FeedbackPass
 from celery_aitp.worker import aging, tier_cycle
 
 logger = logging.getLogger(__name__)
@@ -183,6 +184,11 @@ class AitpWorkerStep(bootsteps.StartStopStep):
             live.current()
         janitor = Janitor(self.middleware)
         self._spawn("aitp-janitor", lambda: janitor.run(self._stop))
+        policy = self.middleware.policy
+        if policy.feedback.enabled:  # boosts for tenants missing SLAs: scheduling/feedback.py
+            feedback = FeedbackPass(self.middleware.store, policy,
+                                    self.middleware.settings.evacuate_interval_s)
+            self._spawn("aitp-feedback", lambda: feedback.run(self._stop))
         if aging.enabled(self.middleware.policy, self.middleware.broker_driver):
             ager = aging.Ager(self.middleware)  # RabbitMQ's no-starvation: worker/aging.py
             self._spawn("aitp-aging", lambda: ager.run(self._stop))

@@ -1,4 +1,4 @@
-"""Fold observed runs into profile histograms and per-tenant usage, shipped in batches.
+"""Fold observed runs into profile histograms, per-tenant usage and waits, shipped in batches.
 
 The run observer hands every record to :meth:`RunLedger.add` (in the pool process, a few
 dict updates). The live view's background round calls :meth:`RunLedger.flush`, which
@@ -19,6 +19,7 @@ from celery_aitp.errors import StoreError
 from celery_aitp.policy import Policy
 from celery_aitp.profiles.samples import fold, run_fields
 from celery_aitp.profiles.store import ProfileStore
+from celery_aitp.scheduling.feedback import WaitSink
 from celery_aitp.scheduling.usage import UsageStore
 from celery_aitp.store.redis_store import RedisStore, translated_errors
 from celery_aitp.telemetry.counters import Counters
@@ -47,6 +48,7 @@ class RunLedger:
         self._lock = threading.Lock()
         self._profiles: dict[str, dict[str, float]] = {}
         self._usage: dict[str, float] = {}
+        self.waits = WaitSink(policy)  # what the feedback pass judges SLAs by
 
     def add(self, record: Mapping[str, Any]) -> None:
         """Take one observation record (never raises on odd input)."""
@@ -56,6 +58,7 @@ class RunLedger:
             return
         fields = run_fields(record)
         tenant = record.get("tenant")
+        self.waits.add(tenant, record.get("tier"), record.get("wait_s"))
         runtime = _seconds(record.get("runtime_s"))
         with self._lock:
             batch = self._profiles.get(task)
@@ -83,18 +86,21 @@ class RunLedger:
     def flush(self, store: RedisStore) -> None:
         """Send what is pending in one round trip (called by the live view's refresher)."""
         profiles, usage = self.take()
-        if not profiles and not usage:
-            return
         now = self.clock()
         profile_store = ProfileStore(store, self.policy.profiles)
+        waits: dict[str, float] = {}
         try:
             with translated_errors():
                 pipe = store.client.pipeline(transaction=False)
                 profile_store.queue_writes(pipe, profiles, now)
                 UsageStore(store, self.policy.fair_share.half_life_s).queue_add(pipe, usage, now)
+                waits = self.waits.queue_flush(pipe, store, now)
+                if not profiles and not usage and not waits:
+                    return
                 replies = pipe.execute()
         except StoreError:
             self.put_back(profiles, usage)
+            self.waits.put_back(waits)
             raise
         if profiles:
             size = replies[len(profiles) + 1]  # the index's HLEN after the histogram updates

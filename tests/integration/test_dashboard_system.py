@@ -11,11 +11,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -28,8 +25,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_aitp.priority_policy import FACTORS
-from tests.conftest import TEST_POLICY, _cleanup
+from tests.conftest import TEST_POLICY, _cleanup, environment
 from tests.support.browser import browser_context
+from tests.support.dashboard_process import DashboardCommand, free_port, wait_for
 from tests.support.workers import ROOT, WorkerProcess
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -38,12 +36,6 @@ USER, PASSWORD = "ops", "s3cret:pw"
 ORPHAN = "aitp.globex.gpu.mid"
 ORPHAN_AGE_S = 30.0
 TASKS = 24
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PredictStub:
@@ -94,84 +86,47 @@ def _publish(proj: Any) -> None:
         result.get(timeout=30)
 
 
-def _wait_for(predicate: Any, timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def system(redis_url: str) -> Iterator[System]:
     tag = uuid.uuid4().hex[:8]
     env = {"AITP_TEST_BROKER": redis_url, "AITP_TEST_PREFIX": f"aitptest-{tag}",
            "AITP_TEST_QUEUE": f"aitptest-{tag}", "AITP_TEST_POLICY": json.dumps(TEST_POLICY),
            "AITP_TEST_EVACUATE_INTERVAL": "3600"}  # keep the orphaned message in place
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    sys.modules.pop("tests.apps.proj", None)
-    proj = importlib.import_module("tests.apps.proj")
-    mw = proj.app.aitp
-    mw.use_stage("predict", PredictStub())
-    workers = [WorkerProcess(f"acme-{tag}", ["--aitp-tenant", "acme", "--aitp-no-default-queue"],
-                             env), WorkerProcess(f"plain-{tag}", [], env)]
-    dashboard: subprocess.Popen[bytes] | None = None
-    log = Path(tempfile.mkstemp(prefix="aitp-dashboard-", suffix=".log")[1])
-    try:
-        for worker in workers:
-            worker.start()
-        _wait_for(lambda: "aitp.acme.cpu.hi" in mw.store.live_queues(), what="advertisement")
-        mw.live.refresh()
-        try:
-            _publish(proj)
-        except Exception as exc:
-            logs = "\n".join(f"--- {w.name}\n{w.output()[-2500:]}" for w in workers)
-            raise AssertionError(f"tasks did not complete ({exc!r}):\n{logs}") from exc
-        _push_orphaned_message(mw.store, ORPHAN, ORPHAN_AGE_S)
-        mw.live.flush()
-        obs = mw.store.keys.observations
-        _wait_for(lambda: len(mw.store.read_records(obs)) >= TASKS, what="observations")
-        port = free_port()
-        cmd = [sys.executable, "-m", "celery", "-A", "tests.apps.proj", "aitp", "dashboard",
-               "--port", str(port), "--refresh", "0.5", "--basic-auth", f"{USER}:{PASSWORD}"]
-        with open(log, "wb") as out:
-            dashboard = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                                         cwd=str(ROOT), stdout=out, stderr=out,
-                                         start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            assert dashboard is not None and dashboard.poll() is None, log.read_text()
-            try:
-                return httpx.get(url + "/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        _wait_for(up, what="the dashboard")
-        yield System(proj, url, port)
-    finally:
-        if dashboard is not None and dashboard.poll() is None:
-            dashboard.send_signal(signal.SIGTERM)
-            try:
-                dashboard.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(dashboard.pid, signal.SIGKILL)
-        log.unlink(missing_ok=True)
-        for worker in workers:
-            worker.stop()
-            worker.log.unlink(missing_ok=True)
-        mw.close()
+    with environment(env):
         sys.modules.pop("tests.apps.proj", None)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        _cleanup(redis_url, tag)
-        for key in mw.store.client.scan_iter(f"{ORPHAN}*"):
-            mw.store.client.delete(key)
+        proj = importlib.import_module("tests.apps.proj")
+        mw = proj.app.aitp
+        mw.use_stage("predict", PredictStub())
+        workers = [WorkerProcess(f"acme-{tag}", ["--aitp-tenant", "acme",
+                                                 "--aitp-no-default-queue"], env),
+                   WorkerProcess(f"plain-{tag}", [], env)]
+        dashboard = DashboardCommand(["--refresh", "0.5", "--basic-auth", f"{USER}:{PASSWORD}"])
+        try:
+            for worker in workers:
+                worker.start()
+            wait_for(lambda: "aitp.acme.cpu.hi" in mw.store.live_queues(), "advertisement")
+            mw.live.refresh()
+            try:
+                _publish(proj)
+            except Exception as exc:
+                logs = "\n".join(f"--- {w.name}\n{w.output()[-2500:]}" for w in workers)
+                raise AssertionError(f"tasks did not complete ({exc!r}):\n{logs}") from exc
+            _push_orphaned_message(mw.store, ORPHAN, ORPHAN_AGE_S)
+            mw.live.flush()
+            obs = mw.store.keys.observations
+            wait_for(lambda: len(mw.store.read_records(obs)) >= TASKS, "observations")
+            dashboard.start()
+            yield System(proj, dashboard.url, dashboard.port)
+        finally:
+            dashboard.stop()
+            for worker in workers:
+                worker.stop()
+                worker.log.unlink(missing_ok=True)
+            mw.close()
+            sys.modules.pop("tests.apps.proj", None)
+            _cleanup(redis_url, tag)
+            for key in mw.store.client.scan_iter(f"{ORPHAN}*"):
+                mw.store.client.delete(key)
 
 
 def _stage(store: Any) -> str:
@@ -236,7 +191,7 @@ def test_metrics_health_and_readiness(system):
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for name in ("aitp_decisions", "aitp_queue_depth", "aitp_queue_oldest_age_seconds",
                  "aitp_queue_wait_seconds", "aitp_run_seconds", "aitp_prediction_error_seconds",
-                 "aitp_prediction_relative_error", "aitp_sla_misses", "aitp_tenant_share",
+                 "aitp_prediction_relative_error", "aitp_sla_misses", "aitp_tenant_share_ratio",
                  "aitp_fairness_index", "aitp_priority_entropy", "aitp_model_loaded",
                  "aitp_model_info", "aitp_stage", "aitp_workers"):
         assert name in families, name

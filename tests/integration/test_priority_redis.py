@@ -65,6 +65,46 @@ def test_low_tier_keeps_its_share_under_a_high_tier_backlog(deployment, request)
     assert all(n <= 13 for n in between), between
 
 
+def test_undeclared_short_tasks_overtake_long_ones_by_size(deployment, request):
+    """Nothing declared: once the history tells two tasks apart, the size classes put the
+    short one in hi and the long one in lo, and a worker serves a backlog short first."""
+    policy = {**TEST_POLICY, "placement": {"min_samples": 4, "refresh_s": 0.2}}
+    use_policy(deployment, policy)
+    proj = request.getfixturevalue("proj")
+    start_worker = request.getfixturevalue("start_worker")
+    start_worker("acme", "--aitp-tenant", "acme", "--aitp-no-default-queue")
+    wait_live(proj, "aitp.acme.cpu.lo")
+    headers = {"aitp_tenant": "acme"}
+    for i in range(3):  # history: the producer's cold-start estimates come from these
+        proj.probe.apply_async((0.02,), headers=headers).get(timeout=30)
+        proj.step.apply_async((i, 0.4), headers=headers).get(timeout=30)
+    deadline = time.monotonic() + 30
+    tier = None
+    while tier != "hi":  # the history and the fleet's size histogram catch up
+        assert time.monotonic() < deadline, f"the short task never reached hi (last: {tier})"
+        result = proj.probe.apply_async((0.02,), headers=headers)
+        result.get(timeout=30)
+        time.sleep(0.3)
+        proj.app.aitp.live.flush()
+        record = proj.app.aitp.decision_log.find(result.id)
+        tier = record and record.get("tier")
+    blocker = proj.step.apply_async((99, 0.8), headers=headers)  # holds the one process
+    time.sleep(0.3)
+    longs = [proj.step.apply_async((i, 0.2), headers=headers) for i in range(3)]
+    shorts = [proj.probe.apply_async((0.02,), headers=headers) for _ in range(3)]
+    long_runs = [r.get(timeout=60) for r in longs]
+    short_ends = sorted(r.get(timeout=60)["at"] for r in shorts)
+    blocker.get(timeout=30)
+    assert {r["queue"] for r in long_runs} == {"aitp.acme.cpu.lo"}
+    long_starts = sorted(r["started"] for r in long_runs)
+    # published after the long ones, the short ones ran first (hi is read 64:1 over lo)
+    assert short_ends[-1] < long_starts[0], (short_ends, long_starts)
+    for result in shorts:
+        record = proj.app.aitp.decision_log.find(result.id)
+        assert record is not None and record["tier"] == "hi"
+        assert record["tier_steps"]["size"] == "hi"
+
+
 def test_an_undeclared_gpu_task_is_routed_to_gpu_and_explain_matches(deployment, request,
                                                                     cleanup_env):
     use_policy(deployment, TEST_POLICY,

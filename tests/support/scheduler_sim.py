@@ -105,7 +105,7 @@ class Simulation:
         if predict:
             stages["predict"] = _OraclePredict(self.runtimes)
         self.pipeline = Pipeline(stages)
-        self.sources = [self.profile_stage.source, self.priority_stage.usage]
+        self.sources = [self.profile_stage.source, *self.priority_stage.sources]
         self.values: dict[str, Any] = {s.name: s.initial for s in self.sources}
         self.ledger = RunLedger(policy, Counters(), clock)
         self.refresh_s = refresh_s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 from typing import Any
 
@@ -16,7 +17,7 @@ from celery_aitp.dashboard.api import Dashboard
 from celery_aitp.dashboard.app import create_app
 from celery_aitp.dashboard.config import DashboardConfig
 from celery_aitp.dashboard.fleet import Fleet
-from celery_aitp.dashboard.metrics import METRICS
+from celery_aitp.dashboard.metrics import METRICS, family_name
 from celery_aitp.policy import parse_policy
 from celery_aitp.priority_policy import FACTORS
 from celery_aitp.scheduling.usage import UsageStore, read_usage
@@ -286,21 +287,28 @@ def test_metrics_parse_and_hold_every_family(client, store):
     new_run = {"task": TASKS[0], "tenant": "acme", "tier": "hi", "wait_s": 3.0,
                "runtime_s": 0.2, "predicted_runtime_s": 0.3, "outcome": "SUCCESS"}
     store.append_records(store.keys.observations, [new_run], maxlen=1000)
-    store.client.hset(store.keys.model, mapping={"version": "v7", "trained_at": time.time() - 60})
+    trained_at = time.time() - 60
+    store.client.hset(store.keys.model, mapping={"version": "v7", "trained_at": trained_at})
+    store.write_stage({"stage": "split", "split": {"percent": 25}}, who="test")
     text = client.get("/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    for name, (kind, labels, _) in METRICS.items():
-        base = name.removesuffix("_total") if kind == "counter" else name
+    for name, (_, labels, _) in METRICS.items():
+        base = family_name(name)
         assert base in families, name
         for sample in families[base].samples:
             assert set(sample.labels) - {"le"} == set(labels), (name, sample)
     decisions = {tuple(sorted(s.labels.items())): s.value
                  for s in families["aitp_decisions"].samples}
     assert sum(decisions.values()) == 10
+    assert all("stage" not in dict(k) for k in decisions)  # the stage is aitp_stage's
     error = [k for k in decisions if ("reason", "error:KeyError") in k][0]
     assert ("tenant", "none") in error and ("outcome", "fallback") in error
-    depth = {s.labels["queue"]: s.value for s in families["aitp_queue_depth"].samples}
-    assert depth["aitp.globex.cpu.lo"] == 1
+    depth = {s.labels["queue"]: s for s in families["aitp_queue_depth"].samples}
+    assert depth["aitp.globex.cpu.lo"].value == 1
+    assert depth["aitp.globex.cpu.lo"].labels == {
+        "queue": "aitp.globex.cpu.lo", "kind": "tier", "tenant": "globex",
+        "accelerator": "cpu", "tier": "lo"}
+    assert depth["default-q"].labels["tenant"] == "none" and depth["default-q"].value == 1
     orphaned = {s.labels["queue"]: s.value for s in families["aitp_queue_orphaned"].samples}
     assert orphaned["aitp.globex.cpu.lo"] == 1 and orphaned["aitp.acme.gpu.hi"] == 0
     # only the run appended after the first read is cumulative (back-filled ones are not)
@@ -309,11 +317,88 @@ def test_metrics_parse_and_hold_every_family(client, store):
     misses = {(s.labels["tenant"], s.labels["tier"]): s.value
               for s in families["aitp_sla_misses"].samples}
     assert misses == {("acme", "hi"): 1}
-    assert families["aitp_model_info"].samples[0].labels == {"version": "v7"}
+    info = families["aitp_model_info"].samples
+    assert [(s.labels, s.value) for s in info] == [({"version": "v7"}, 1.0)]
+    trained = families["aitp_model_trained_timestamp_seconds"].samples
+    assert trained[0].value == pytest.approx(trained_at)  # a point in time, not an age
     stage = {s.labels["stage"]: s.value for s in families["aitp_stage"].samples}
-    assert stage == {"coexistence": 0, "split": 0, "takeover": 1}
+    assert stage == {"coexistence": 0, "split": 1, "takeover": 0}
+    assert families["aitp_split_ratio"].samples[0].value == 0.25  # a ratio, not a percent
+    shares = {s.labels["tenant"]: s.value for s in families["aitp_tenant_share_ratio"].samples}
+    assert shares["acme"] == pytest.approx(2.6 / 3.8)  # the new run counts in the window
     task_labels = {s.labels["task"] for s in families["aitp_prediction_error_seconds"].samples}
     assert task_labels <= set(TASKS) | {"other"}
+    defaulted = families["aitp_tenant_defaulted"].samples
+    assert [(s.labels, s.value) for s in defaulted] == [({"reason": "unknown"}, 2)]
+    assert "aitp_events" not in families  # no catch-all counter
+
+
+def test_each_fleet_counter_becomes_its_named_counter(store, ops):
+    store.add_counts({"tenant_refused": 3, "tenant_unknown": 1, "rejected:model": 2,
+                      "rejected:aitp_header:tier": 1, "records_dropped:decisions": 7,
+                      "source_errors:usage": 1, "store_errors": 4, "evacuated": 5,
+                      "aged": 6, "visibility_runtime": 1, "history_pairs_full": 2,
+                      "a_counter_from_a_newer_worker": 9,
+                      "decisions:split:acme:hi:gpu:routed": 2,
+                      "decisions:takeover:acme:hi:gpu:routed": 3})
+    client, _ = make_client(store, ops)
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+
+    def values(family: str) -> dict[tuple[str, ...], float]:
+        labels = METRICS[family + "_total"][1]
+        return {tuple(s.labels[name] for name in labels): s.value
+                for s in families[family].samples if s.name.endswith("_total")}
+
+    assert values("aitp_tenant_defaulted") == {("refused",): 3, ("unknown",): 1}
+    assert values("aitp_rejected_inputs") == {("model",): 2, ("aitp_header:tier",): 1}
+    assert values("aitp_records_dropped") == {("decisions",): 7}
+    assert values("aitp_errors") == {("usage",): 1, ("store",): 4}
+    assert values("aitp_evacuated_messages") == {(): 5}
+    assert values("aitp_aging_promoted") == {(): 6}
+    assert values("aitp_visibility_risks") == {("runtime",): 1}
+    assert values("aitp_learning_dropped") == {("history_pairs_full",): 2}
+    assert values("aitp_other_events") == {("a_counter_from_a_newer_worker",): 9}
+    # decisions made in two stages are one series: a stage change does not split it
+    assert values("aitp_decisions") == {("acme", "hi", "gpu", "routed", "routed"): 5}
+
+
+def test_metrics_negotiate_openmetrics_gzip_and_name_filters(client):
+    from prometheus_client.openmetrics.parser import (
+        text_string_to_metric_families as openmetrics_families,
+    )
+
+    plain = client.get("/metrics", headers={"Accept-Encoding": "identity"})
+    assert plain.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert "content-encoding" not in plain.headers
+    zipped = client.get("/metrics", headers={"Accept-Encoding": "gzip"})
+    assert zipped.headers["content-encoding"] == "gzip"
+    assert zipped.text.count("\n# TYPE ") == plain.text.count("\n# TYPE ")  # decoded
+    om = client.get("/metrics", headers={
+        "Accept": "application/openmetrics-text; version=1.0.0; charset=utf-8"})
+    assert om.headers["content-type"].startswith("application/openmetrics-text")
+    assert om.text.endswith("# EOF\n")
+    families = {f.name: f for f in openmetrics_families(om.text)}  # the strict parser
+    assert families["aitp_decisions"].type == "counter"
+    assert families["aitp_model"].type == "info" and families["aitp_stage"].type == "gauge"
+    only = client.get("/metrics?name[]=aitp_stage&name[]=aitp_queue_depth").text
+    names = {f.name for f in text_string_to_metric_families(only)}
+    assert names == {"aitp_stage", "aitp_queue_depth"}
+
+
+def test_a_scrape_reads_the_store_off_the_event_loop(store, ops):
+    client, dashboard = make_client(store, ops)
+    fleet = dashboard.fleet
+    fleet.refresh_s = 60.0  # one store read per scrape at most
+    threads: list[str] = []
+    build = fleet._build
+
+    def spy() -> Any:
+        threads.append(threading.current_thread().name)
+        return build()
+
+    fleet._build = spy  # type: ignore[method-assign]
+    assert client.get("/metrics").status_code == 200
+    assert threads and all(name.startswith("AnyIO worker thread") for name in threads), threads
 
 
 def test_a_failing_broker_adapter_leaves_the_rest_of_the_pages_working(store):

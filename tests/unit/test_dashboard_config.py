@@ -71,3 +71,49 @@ def test_the_server_itself_refuses_an_unauthenticated_public_address():
 
     with pytest.raises(PolicyError, match="non-loopback"):
         make_server(object(), DashboardConfig(address="0.0.0.0"))
+
+
+def test_proxy_options_from_the_environment_and_flags():
+    env = {"AITP_DASHBOARD_PROXY_HEADERS": "true",
+           "AITP_DASHBOARD_FORWARDED_ALLOW_IPS": "10.0.0.0/8, 192.0.2.7,10.0.0.0/8",
+           "AITP_DASHBOARD_AUTH_HEADER": "X-Forwarded-User",
+           "AITP_DASHBOARD_FLOWER_URL": "https://flower.example/fl/"}
+    config = resolve_config(env)
+    assert config.proxy_headers is True
+    assert config.forwarded_allow_ips == ("10.0.0.0/8", "192.0.2.7/32")
+    assert config.auth_header == "x-forwarded-user" and config.auth_required
+    assert config.flower_url == "https://flower.example/fl"
+    flagged = resolve_config(env, proxy_headers=False, forwarded_allow_ips="127.0.0.1")
+    assert flagged.proxy_headers is False and flagged.forwarded_allow_ips == ("127.0.0.1/32",)
+    defaults = resolve_config({})
+    assert (defaults.proxy_headers, defaults.auth_header, defaults.flower_url) == (False, "", "")
+    assert defaults.forwarded_allow_ips == ("127.0.0.1/32",)  # uvicorn's default: same host
+
+
+def test_a_proxy_user_header_counts_as_authentication_for_a_public_address():
+    resolve_config({}, address="0.0.0.0", auth_header="X-Auth-Request-User").check_exposure()
+
+
+def test_a_user_header_trusted_from_anywhere_is_refused():
+    config = resolve_config({}, auth_header="X-Forwarded-User", forwarded_allow_ips="*")
+    with pytest.raises(PolicyError, match="any client could name itself"):
+        config.check_exposure()
+    resolve_config({}, proxy_headers=True, forwarded_allow_ips="*").check_exposure()  # no user
+
+
+@pytest.mark.parametrize(("option", "value", "named"), [
+    ("forwarded_allow_ips", "proxy.example", "--forwarded-allow-ips"),
+    ("forwarded_allow_ips", "10.0.0.0/33", "--forwarded-allow-ips"),
+    ("forwarded_allow_ips", " , ", "--forwarded-allow-ips"),
+    ("auth_header", "X Forwarded User", "--auth-header"),
+    ("auth_header", "Authorization", "--auth-header"),
+    ("auth_header", "X-Forwarded-For", "--auth-header"),
+    ("flower_url", "flower.example", "--flower-url"),
+    ("flower_url", "ftp://flower.example", "--flower-url"),
+    ("flower_url", "https://flower.example/?x=1", "--flower-url"),
+])
+def test_bad_proxy_options_are_named(option, value, named):
+    with pytest.raises(PolicyError, match=named):
+        resolve_config({}, **{option: value})
+    with pytest.raises(PolicyError, match="PROXY_HEADERS"):
+        resolve_config({"AITP_DASHBOARD_PROXY_HEADERS": "sometimes"})

@@ -44,7 +44,7 @@ def test_explain_matches_the_route_the_task_was_given(app, store, published):
     assert data["route"]["queue"] == published[0]["routing_key"] == "aitp.acme.gpu.mid"
     assert data["route"]["routed"] is True and data["tier"] == "mid"
     assert [r["factor"] for r in data["factors"]] == ["tenant", "sla", "impact", "resources",
-                                                      "runtime", "age"]
+                                                      "age"]
     weights = app.aitp.policy.priority.weights
     assert data["factors"][0]["weight"] == weights.tenant
     total = sum(r["contribution"] for r in data["factors"])
@@ -72,9 +72,15 @@ def test_weights_come_from_the_policy_that_decided():
 
 
 def test_tier_story_reads_like_the_steps():
-    steps = {"score": "lo", "floor": "mid", "cap": "hi", "fair_share": True}
-    assert tier_story(steps, "lo") == ("score -> lo; declared floor mid; tenant cap hi; "
-                                      "above fair share: one tier lower => lo")
+    steps = {"size": "lo", "effective_size_s": 2.5, "bounds_s": [0.0625, 1.41],
+             "floor": "mid", "cap": "hi", "fair_share": True}
+    assert tier_story(steps, "lo") == (
+        "effective size 2.5 s (boundaries 0.0625 s, 1.41 s) -> lo; declared floor mid; "
+        "tenant cap hi; above fair share: one tier lower => lo")
+    assert tier_story(dict(steps, bounds_s=None), "lo").startswith(
+        "effective size 2.5 s; no boundaries yet -> lo;")
+    assert tier_story(dict(steps, effective_size_s=None), "lo").startswith(
+        "no size known -> lo;")
     assert tier_story(None, "hi") == "tier hi"
 
 
@@ -95,19 +101,18 @@ def test_entries_written_before_packing_are_found_and_trimmed(store):
 
 
 def test_decisions_reused_or_not_read_back_as_their_own_records(app, store):
-    from celery_aitp.publish.memo import DecisionMemo
+    from celery_aitp.publish.memo import Reused, Template
     from celery_aitp.publish.request import Decision
+    from celery_aitp.telemetry.counters import Counters
 
     log = DecisionLog(store, maxlen=10_000, policy_digest="d1")
-    memo = DecisionMemo.for_pipeline(app.aitp.pipeline)
-    view = app.aitp.live.current()
-    memo.find(view, ("k",), "", 0.0)
     first = Decision("takeover", 100.5, "t.a", "a0")
     first.tenant, first.tier, first.score, first.origin_at = "acme", "hi", 0.25, 100.5
     retry = Decision("takeover", 300.0, "t.b", "b0")
     retry.tenant, retry.reason, retry.origin_at = "globex", "no_live_worker", 250.0
-    kept = memo.keep(view, ("k",), first)
-    again = [memo.find(view, ("k",), f"a{i}", 100.5 + i) for i in range(1, 4)]
+    template = Template(first, (), Counters())
+    kept = Reused(template, "a0", 100.5)
+    again = [Reused(template, f"a{i}", 100.5 + i) for i in range(1, 4)]
     items = [kept, retry, *again, {"task_id": "c0", "note": "a plain record"}]
     log.append(items)
     expected = [dict(item.record() if hasattr(item, "record") else item, policy="d1")

@@ -13,6 +13,11 @@ from tests.unit.test_dashboard_api import make_client, seed
 
 METRIC = re.compile(r"\baitp_[a-z0-9_]+\b")
 REQUIRED_ALERTS = {"AitpSlaMisses", "AitpFallbackSurge", "AitpOrphanedQueue", "AitpStaleModel"}
+#: One counter key per named event family, so each exports a sample.
+EVENT_KEYS = {"tenant_unknown": 2, "labels_unknown": 1, "visibility_eta": 1,
+              "rejected:model": 1, "records_dropped:decisions": 4, "store_errors": 1,
+              "history_dropped": 1, "evacuated": 3, "aged": 1, "aging_inspected": 5,
+              "aging_no_age": 1, "from_a_newer_worker": 1}
 
 
 def _adapter_file(name: str) -> str:
@@ -25,6 +30,7 @@ def _exported(store) -> set[str]:
 
     ops = MemoryQueueOps()
     seed(store, ops)
+    store.add_counts(EVENT_KEYS)
     client, dashboard = make_client(store, ops)
     dashboard.fleet.snapshot()
     store.append_records(store.keys.observations, [
@@ -53,18 +59,51 @@ def test_alert_rules_cover_the_required_cases_with_exported_metrics(store):
         assert used <= exported, (name, used - exported)
 
 
+def _family_of(sample: str) -> str:
+    """The METRICS entry a sample name belongs to (histogram series, info)."""
+    from celery_aitp.dashboard.metrics import METRICS
+
+    for suffix in ("", "_bucket", "_count", "_sum"):
+        if sample.endswith(suffix) and sample.removesuffix(suffix) in METRICS:
+            return sample.removesuffix(suffix)
+    raise AssertionError(f"{sample} is not an exported family")
+
+
 def test_grafana_dashboard_is_importable_and_uses_exported_metrics(store):
+    from celery_aitp.dashboard.metrics import METRICS
+
     exported = _exported(store)
     dashboard = json.loads(_adapter_file("grafana_dashboard.json"))
     assert dashboard["uid"] and dashboard["title"] and dashboard["panels"]
-    assert dashboard["__inputs"][0]["pluginId"] == "prometheus"
+    assert "__inputs" not in dashboard  # the data source is a variable: provisioning works
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert list(variables) == ["datasource", "job", "tenant", "tier"]
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("job", "tenant", "tier"):
+        assert variables[name]["datasource"]["uid"] == "${datasource}", name
+        assert METRIC.findall(variables[name]["definition"]), name
+        assert f", {name})" in variables[name]["definition"], name  # label_values(..., name)
+    assert variables["tenant"]["multi"] and variables["tier"]["includeAll"]
     used: set[str] = set()
     ids = set()
     for panel in dashboard["panels"]:
         ids.add(panel["id"])
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
-            used.update(METRIC.findall(target["expr"]))
+            expr = target["expr"]
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+            assert 'job=~"$job"' in expr, (panel["title"], expr)
+            # rate windows follow the scrape interval, never a fixed [1m] or [5m]
+            assert not re.search(r"\[\d+[smhd]\]", expr), (panel["title"], expr)
+            if "rate(" in expr:
+                assert "[$__rate_interval]" in expr, (panel["title"], expr)
+            names = METRIC.findall(expr)
+            used.update(names)
+            for label in ("tenant", "tier"):  # every family that has the label filters by it
+                if any(label in METRICS[_family_of(n)][1] for n in names):
+                    assert f'{label}=~"${label}"' in expr, (panel["title"], label, expr)
         grid = panel["gridPos"]
         assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24
     assert len(ids) == len(dashboard["panels"])
@@ -73,8 +112,9 @@ def test_grafana_dashboard_is_importable_and_uses_exported_metrics(store):
     for family in ("aitp_decisions_total", "aitp_queue_depth", "aitp_queue_oldest_age_seconds",
                    "aitp_queue_wait_seconds_bucket", "aitp_run_seconds_bucket",
                    "aitp_prediction_error_seconds", "aitp_sla_misses_total",
-                   "aitp_tenant_share", "aitp_fairness_index", "aitp_priority_entropy",
-                   "aitp_model_info"):
+                   "aitp_tenant_share_ratio", "aitp_fairness_index", "aitp_priority_entropy",
+                   "aitp_model_info", "aitp_split_ratio", "aitp_model_trained_timestamp_seconds",
+                   "aitp_rejected_inputs_total", "aitp_records_dropped_total"):
         assert family in used, family
 
 
@@ -85,14 +125,23 @@ def test_docs_document_every_metric_endpoint_and_option():
     from celery_aitp.dashboard.metrics import METRICS
 
     section = (Path(__file__).resolve().parents[2] / "docs" / "dashboard.md").read_text("utf-8")
-    for name in METRICS:
-        assert f"`{name}`" in section or f"`{name}`," in section, name
-        for label in METRICS[name][1]:
-            assert label in section, (name, label)
+    rows = {}  # metric name -> (type, labels) from the reference table's rows
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`aitp_"):
+            for name in re.findall(r"`(aitp_[a-z_]+)`", cells[0]):
+                rows[name] = (cells[1], cells[2])
+    assert set(rows) == set(METRICS), set(rows) ^ set(METRICS)
+    for name, (kind, labels, _) in METRICS.items():
+        assert rows[name] == (kind, ", ".join(labels) or "none"), name
     for endpoint in ENDPOINTS:
         path = endpoint.split(" ", 1)[1].split("?")[0]
         assert path in section, endpoint
     for option in ("--port", "--address", "--basic-auth", "--url-prefix", "--read-only",
+                   "--proxy-headers", "--forwarded-allow-ips", "--auth-header", "--flower-url",
                    "AITP_DASHBOARD_PORT", "AITP_DASHBOARD_ADDRESS", "AITP_DASHBOARD_BASIC_AUTH",
-                   "AITP_DASHBOARD_URL_PREFIX", "AITP_DASHBOARD_READ_ONLY", "/healthz", "/readyz"):
+                   "AITP_DASHBOARD_URL_PREFIX", "AITP_DASHBOARD_READ_ONLY",
+                   "AITP_DASHBOARD_PROXY_HEADERS", "AITP_DASHBOARD_FORWARDED_ALLOW_IPS",
+                   "AITP_DASHBOARD_AUTH_HEADER", "AITP_DASHBOARD_FLOWER_URL", "/healthz",
+                   "/readyz", "/healthcheck"):
         assert option in section, option

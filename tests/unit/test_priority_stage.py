@@ -1,4 +1,4 @@
-"""The priority matrix: factors, weights, tier mapping, caps, labels, fair share, age."""
+"""The priority stage: size classes, urgency factors, floors, caps, labels, fair share, age."""
 
 from __future__ import annotations
 
@@ -13,15 +13,21 @@ from celery_aitp.profiles.store import ProfileBook
 from celery_aitp.publish.live_view import View
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.publish.request import Request
+from celery_aitp.scheduling.size_classes import SizeClasses, size_bin
 from celery_aitp.scheduling.usage import UsageSnapshot
 from tests.conftest import TEST_POLICY
 
 POLICY = parse_policy({**TEST_POLICY, "labels": {"billing": 0.9, "batch": 0.1}})
 
 
-def view(demoted=(), profiles=None) -> View:
+#: Boundaries on cpu at the bins of 0.25 s and 4 s: hi below, mid between, lo above.
+CLASSES = SizeClasses({"cpu": (size_bin(0.25), size_bin(4.0))})
+
+
+def view(demoted=(), profiles=None, classes=None) -> View:
     sources = {"profiles": ProfileBook(profiles or {}),
-               "usage": UsageSnapshot(demoted=frozenset(demoted))}
+               "usage": UsageSnapshot(demoted=frozenset(demoted)),
+               "sizes": classes or SizeClasses()}
     return View(frozenset(), Stage.TAKEOVER, SplitSettings(), True,
                 sources=MappingProxyType(sources))
 
@@ -46,45 +52,61 @@ def req(task="t", tenant="acme", declared=None, headers=None, retries=0) -> Requ
     return Request(task, "id", (), {}, h, declared or {}, None, 1000.0, retries)
 
 
-def test_score_is_the_weighted_mean_of_the_factors_and_is_explained():
+def test_urgency_is_the_weighted_mean_of_the_factors_and_is_explained():
     d, _ = decide(req(declared={"tier": "mid"}), p50=1.0, p90=2.0)
     w = POLICY.priority.weights
     f = d.factors
+    assert set(f) == {"tenant", "sla", "impact", "resources", "age"}
     assert f["tenant"] == 1.0  # acme may use the top tier
     assert f["sla"] == pytest.approx(1 - math.log(10 / 1) / math.log(60 / 1))  # mid: 10 s
-    assert f["runtime"] == pytest.approx(1 - math.log(2.0 / 0.1) / math.log(3600 / 0.1))
     assert f["impact"] == 0 and f["resources"] == 0 and f["age"] == 0
-    total = w.tenant + w.sla + w.impact + w.resources + w.runtime + w.age
-    expected = (w.tenant * f["tenant"] + w.sla * f["sla"] + w.runtime * f["runtime"]) / total
+    total = w.tenant + w.sla + w.impact + w.resources + w.age
+    expected = (w.tenant * f["tenant"] + w.sla * f["sla"]) / total
     assert d.score == pytest.approx(expected)
-    assert d.tier_steps == {"score": "mid", "floor": "mid", "cap": "hi", "fair_share": False}
-    assert d.tier == "mid"
+    effective = 2.0 / POLICY.placement.urgency_range ** expected  # the p90 counts
+    assert d.tier_steps == {"size": "lo", "effective_size_s": pytest.approx(effective),
+                            "bounds_s": None, "floor": "mid", "cap": "hi",
+                            "fair_share": False, "boost": 1.0}
+    assert d.tier == "mid"  # no boundaries yet: lowest by size, raised to the floor
 
 
-def test_the_upper_quantile_is_used_and_missing_predictions_are_handled():
-    low_p90, _ = decide(req(), p50=1.0, p90=100.0)
-    p50_only, _ = decide(req(), p50=1.0)
-    hint, _ = decide(req(declared={"runtime_hint_s": 0.05}))
-    nothing, _ = decide(req())
-    assert low_p90.factors["runtime"] < p50_only.factors["runtime"]  # p90 wins over p50
-    assert hint.factors["runtime"] == 1.0  # at or below runtime_min_s
-    assert nothing.factors["runtime"] == 0.5  # neutral when nothing is known
-    nan, _ = decide(req(), p50=float("nan"), p90=float("nan"))
-    assert nan.factors["runtime"] == 0.5
+def test_tiers_are_size_classes_and_the_p90_counts():
+    """Shorter effective sizes take higher tiers; an uncertain prediction (short median,
+    long p90) is placed by its p90, so it never goes ahead of tasks known to be short."""
+    at = view(classes=CLASSES)
+    short, _ = decide(req(), p50=0.05, p90=0.1, snapshot=at)
+    medium, _ = decide(req(), p50=1.0, p90=1.0, snapshot=at)
+    uncertain, _ = decide(req(), p50=0.05, p90=100.0, snapshot=at)
+    assert (short.tier, medium.tier, uncertain.tier) == ("hi", "mid", "lo")
+    assert uncertain.tier_steps["size"] == "lo"
+    assert short.tier_steps["bounds_s"] == pytest.approx(list(CLASSES.bounds["cpu"]))
+    p50_only, _ = decide(req(), p50=0.1, snapshot=at)
+    hint, _ = decide(req(declared={"runtime_hint_s": 0.05}), snapshot=at)
+    assert p50_only.tier == hint.tier == "hi"
+    nothing, _ = decide(req(), snapshot=at)
+    nan, _ = decide(req(), p50=float("nan"), p90=float("nan"), snapshot=at)
+    assert nothing.tier == nan.tier == "lo"  # nothing known: the lowest tier
+    assert nothing.tier_steps["effective_size_s"] is None
+    gpu = ObservedProfile(runs=5, accelerator="gpu", accelerator_share=1.0, accelerator_runs=5)
+    other_class, _ = decide(req(task="render"), p50=0.05, p90=0.1,
+                            snapshot=view(profiles={"render": gpu}, classes=CLASSES))
+    assert other_class.tier == "lo"  # no boundaries for gpu yet
 
 
-def test_weights_and_min_scores_from_the_policy_move_the_tier():
+def test_urgency_shortens_the_effective_size():
     urgent = parse_policy({**TEST_POLICY, "labels": {"billing": 1.0},
                            "priority": {"weights": {"impact": 20}}})
-    plain, _ = decide(req(), urgent)
-    labelled, _ = decide(req(declared={"labels": ["billing"]}), urgent)
-    assert plain.tier == "lo" and labelled.tier == "hi"
-    strict = parse_policy({**TEST_POLICY, "tiers": [
-        {"name": "hi", "sla_s": 1, "min_score": 0.99}, {"name": "mid", "sla_s": 10,
-                                                        "min_score": 0.98},
-        {"name": "lo", "sla_s": 60}], "labels": {"billing": 1.0},
-        "priority": {"weights": {"impact": 20}}})
-    assert decide(req(declared={"labels": ["billing"]}), strict)[0].tier == "lo"
+    at = view(classes=CLASSES)
+    plain, _ = decide(req(), urgent, p50=1.0, p90=1.0, snapshot=at)
+    labelled, _ = decide(req(declared={"labels": ["billing"]}), urgent, p50=1.0, p90=1.0,
+                         snapshot=at)
+    assert plain.tier == "mid" and labelled.tier == "hi"
+    assert labelled.tier_steps["effective_size_s"] < plain.tier_steps["effective_size_s"]
+    flat = parse_policy({**TEST_POLICY, "labels": {"billing": 1.0},
+                         "priority": {"weights": {"impact": 20}},
+                         "placement": {"urgency_range": 1}})
+    assert decide(req(declared={"labels": ["billing"]}), flat, p50=1.0, p90=1.0,
+                  snapshot=at)[0].tier == "mid"
 
 
 def test_no_header_raises_a_tenant_above_its_max_tier():
@@ -92,7 +114,9 @@ def test_no_header_raises_a_tenant_above_its_max_tier():
                            "priority": {"weights": {"impact": 50}}})
     d, _ = decide(req(tenant="globex", declared={"tier": "hi"},
                       headers={"aitp_labels": ["billing"], "aitp_tier": "hi",
-                               "aitp": {"tier": "hi", "score": 1.0}}), urgent)
+                               "aitp": {"tier": "hi", "score": 1.0}}), urgent,
+                  p50=0.01, p90=0.01, snapshot=view(classes=CLASSES))
+    assert d.tier_steps["size"] == "hi"
     assert d.factors["impact"] == 1.0
     assert d.tier == "mid" and d.tier_steps["cap"] == "mid"  # globex: max_tier mid
 
@@ -182,11 +206,13 @@ def test_a_forged_aitp_header_cannot_claim_age():
         assert d.factors["age"] == 0 and d.origin_at == 1000.0, forged
 
 
-def test_every_decision_charges_fair_share_usage_in_the_background_batch():
-    _, stage = decide(req(), p50=3.0)
+def test_every_decision_charges_fair_share_usage_and_sizes_in_the_background_batch():
+    d, stage = decide(req(), p50=3.0)
     assert list(stage.usage.pending) == [("acme", "lo", 3.0)]
+    assert list(stage.sizes.pending) == [("cpu", d.tier_steps["effective_size_s"])]
     _, stage = decide(req(tenant="globex"))
     assert list(stage.usage.pending) == [("globex", "lo", POLICY.fair_share.default_cost_s)]
+    assert list(stage.sizes.pending) == []  # nothing known: no size to count
 
 
 def test_cached_parts_follow_a_new_profile():

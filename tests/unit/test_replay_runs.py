@@ -242,7 +242,9 @@ def test_fair_share_state_flows_through_the_real_sources_and_ledger():
     quiet = {out.label_of(i) for i, r in enumerate(result.trace.records)
              if r["tenant"] == "acme"}
     assert early_flood == {"mid"}  # alone, a tenant is never above its share
-    assert late_flood == {"lo"} and quiet == {"mid"}  # then the flooder is demoted one tier
+    # then the flooder is demoted one tier; the quiet tenant's shorter tasks may climb
+    # above their floor by size
+    assert late_flood == {"lo"} and "mid" in quiet and quiet <= {"hi", "mid"}
     usage = stores[0].client.hgetall(stores[0].keys.any("usage"))
     assert any(k.startswith(b"o:globex") for k in usage)  # observed usage from the ledger
     assert stores[0].client.xlen(stores[0].keys.observations) == len(records)

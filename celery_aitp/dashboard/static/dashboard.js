@@ -34,6 +34,8 @@
     rows.forEach(function (r) { tbody.appendChild(r); });
   }
   function link(path, text) { return node("a", { href: prefix + path, text: text }); }
+  /* A link out (Flower's page of a worker or task), when the API gives one. */
+  function outLink(url, text, title) { return url ? node("a", { href: url, text: text, title: title, rel: "noopener", className: "out" }) : text; }
 
   function status(data) {
     var h = data && data.health, pill = $("status");
@@ -153,7 +155,7 @@
     }), { labelWidth: 220, max: Math.max(d.ttl_s * 1.5, 1), format: function (v) { return fmt(v) + " s"; }, empty: "no AITP worker has advertised" });
     fill("workers-table", d.workers.map(function (w) {
       return node("tr", { "data-worker": w.worker, className: w.alive ? "" : "dead" }, [
-        cell(w.worker), cell(w.accelerator, { "data-field": "class" }), cell(w.tenants.join(", "), { "data-field": "tenants" }),
+        cell(outLink(w.flower_url, w.worker, "this worker in Flower"), { "data-field": "worker" }), cell(w.accelerator, { "data-field": "class" }), cell(w.tenants.join(", "), { "data-field": "tenants" }),
         cell(w.tiers.join(", "), { "data-field": "tiers" }), cell(w.queues.length, { className: "num" }),
         cell(w.default_queue ? "yes" : "no"), cell(fmt(w.heartbeat_age_s), { className: "num" }),
         cell(w.alive ? badge("live", "ok") : badge("expired", "bad"))]);
@@ -206,6 +208,8 @@
       (p.predicted_p90_s !== null ? " · p90 " + fmt(p.predicted_p90_s) + " s" : ""));
     set("wait-value", secs(run.wait_s));
     set("wait-sub", d.sla.sla_s !== null ? "SLA " + fmt(d.sla.sla_s) + " s: " + (d.sla.met === null ? "not run yet" : (d.sla.met ? "met" : "missed")) : "");
+    var flower = $("flower-link");
+    if (flower && d.flower_url) { flower.href = d.flower_url; $("flower-row").hidden = false; }
     set("score-hint", d.score !== null ? "score " + fmt(d.score) + (d.tier_story ? " · " + d.tier_story : "") : "");
     C.hbars($("factors-chart"), d.factors.map(function (f) {
       var c = f.contribution !== null ? f.contribution : f.value;

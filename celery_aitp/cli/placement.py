@@ -1,0 +1,77 @@
+"""``celery aitp placement``: the tier boundaries, the boosts in force and their changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from celery_aitp.cli.celery_command import middleware_of
+from celery_aitp.cli.output import console, emit_json, fail, table
+from celery_aitp.errors import AitpError
+from celery_aitp.migration.describe import when
+from celery_aitp.scheduling.feedback import boost_history, read_boosts
+from celery_aitp.scheduling.size_classes import SizeClasses, best_cuts
+from celery_aitp.scheduling.size_source import read_sizes
+
+
+@click.command("placement")
+@click.option("--limit", type=click.IntRange(1, 1000), default=10, show_default=True,
+              help="How many boost changes to show.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def command(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """Size-class boundaries per accelerator class, boosts and their audit log."""
+    mw = middleware_of(ctx)
+    policy = mw.policy
+    try:
+        sizes = read_sizes(mw.store)
+        boosts = read_boosts(mw.store, policy).by_tenant
+        history = boost_history(mw.store, limit)
+    except AitpError as exc:
+        fail(str(exc))
+    tiers = policy.tier_names
+    classes: dict[str, dict[str, Any]] = {}
+    for accelerator, hist in sizes.items():
+        recent = hist.total
+        cuts = best_cuts(hist, len(tiers), policy.placement.load) \
+            if recent >= policy.placement.min_samples else None
+        classes[accelerator] = {
+            "recent_sizes": round(recent, 1),
+            "bounds_s": None if cuts is None else
+            list(SizeClasses({accelerator: cuts}).bounds[accelerator])}
+    if as_json:
+        emit_json({"tiers": list(tiers), "classes": classes, "boosts": boosts,
+                   "history": history})
+        return
+    rows = []
+    for accelerator, found in sorted(classes.items()):
+        bounds = found["bounds_s"]
+        text = "too few recent sizes: every task takes the lowest tier" if bounds is None \
+            else "; ".join(_range(tiers, bounds))
+        rows.append((accelerator, found["recent_sizes"], text))
+    table("size classes (effective size: predicted p90 over urgency and boost)",
+          ["accelerator", "recent sizes", "tiers"], rows)
+    if boosts:
+        table("boosts in force", ["tenant", "boost"], sorted(boosts.items()))
+    else:
+        console.print("no tenant is boosted")
+    table("boost changes (newest first)", ["time", "tenant", "old", "new", "why"],
+          [(when(e.get("at")), e.get("tenant"), e.get("old"), e.get("new"), e.get("why"))
+           for e in history])
+
+
+def _range(tiers: tuple[str, ...], bounds: list[float]) -> list[str]:
+    """``hi < 0.06 s``, ``0.06 s <= mid < 1.4 s``, ``lo >= 1.4 s`` (empty classes left out)."""
+    edges = [0.0, *bounds, float("inf")]
+    out = []
+    for tier, low, high in zip(tiers, edges, edges[1:], strict=False):
+        if low >= high:
+            continue
+        if low <= 0:
+            out.append(f"{tier} < {high:.3g} s")
+        elif high == float("inf"):
+            out.append(f"{tier} >= {low:.3g} s")
+        else:
+            out.append(f"{low:.3g} s <= {tier} < {high:.3g} s")
+    return out

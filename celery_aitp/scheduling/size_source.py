@@ -1,0 +1,135 @@
+"""Live-view source ``sizes``: the fleet's recent effective sizes, and the tier boundaries.
+
+The priority stage appends ``(accelerator, effective size)`` for every task it places to
+:attr:`SizeSource.pending` (a deque append). Every ``placement.refresh_s`` the refresher
+adds them to one decaying store hash (``sizes``, half-life ``placement.window_s``; per
+size bin the fields ``<accelerator>:<bin>`` (count), ``...:w`` (work) and ``...:i`` (sum
+of 1/size)) and reads the whole hash back in the same round trip, so every
+producer sees the whole fleet's recent mix and draws the same boundaries from it
+(:func:`~celery_aitp.scheduling.size_classes.best_cuts`). The value it publishes, a
+:class:`~celery_aitp.scheduling.size_classes.SizeClasses`, is replaced only when some
+boundary moves: decisions depend on it as a whole.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from celery_aitp.priority_policy import PlacementSettings
+from celery_aitp.scheduling.size_classes import (
+    BIN_COUNT,
+    SMALLEST_S,
+    Histogram,
+    SizeClasses,
+    best_cuts,
+    size_bin,
+    slowdown_cost,
+)
+from celery_aitp.store.decayed import DecayedSums, decayed_values, decode_hash
+from celery_aitp.store.redis_store import RedisStore, translated_errors
+
+#: The live-view source name (``view.sources``).
+SIZES_SOURCE = "sizes"
+#: Placements kept for the next batch while the store is unreachable (oldest dropped).
+PENDING_LIMIT = 100_000
+
+
+def sizes_key(store: RedisStore) -> str:
+    return store.keys.any("sizes")
+
+
+def histograms(values: Mapping[str, float]) -> dict[str, Histogram]:
+    """Per accelerator class, the decayed histogram (fields it cannot read are ignored:
+    anyone who can write the store can write this hash)."""
+    found: dict[str, Histogram] = {}
+    for name, value in values.items():
+        parts = name.rsplit(":", 2)
+        kind = parts.pop() if len(parts) == 3 else "n"
+        if len(parts) != 2 or kind not in ("n", "w", "i"):
+            continue
+        accelerator, index = parts
+        if not accelerator or not index.isdigit() or not value > 0 or int(index) >= BIN_COUNT:
+            continue
+        hist = found.setdefault(accelerator, Histogram())
+        column = hist.counts if kind == "n" else hist.work if kind == "w" else hist.inverse
+        column[int(index)] += value
+    return found
+
+
+def read_sizes(store: RedisStore, now: float | None = None) -> dict[str, Histogram]:
+    """The fleet's size histograms as of ``now`` (for the dashboard and explain)."""
+    with translated_errors():
+        raw = store.client.hgetall(sizes_key(store))
+    return histograms(decayed_values(decode_hash(raw), time.time() if now is None else now)[0])
+
+
+def classes_for(hists: Mapping[str, Histogram], previous: SizeClasses, tiers: int,
+                settings: PlacementSettings) -> SizeClasses:
+    """Boundaries per accelerator class for these histograms: the best ones, unless the
+    previous ones are within ``min_gain`` of them (then those stay); ``previous`` itself
+    when nothing moved."""
+    cuts: dict[str, tuple[int, ...]] = {}
+    for accelerator, hist in hists.items():
+        if hist.total < settings.min_samples:
+            continue
+        best = best_cuts(hist, tiers, settings.load)
+        old = previous.cuts.get(accelerator)
+        if old is not None and old != best and len(old) == len(best):
+            kept = slowdown_cost(hist, old, settings.load)
+            if slowdown_cost(hist, best, settings.load) > kept * (1.0 - settings.min_gain):
+                best = old
+        cuts[accelerator] = best
+    found = SizeClasses(cuts)
+    return previous if found == previous else found
+
+
+class SizeSource:
+    """Ships this process's placements and reads everyone's, every ``refresh_s``."""
+
+    name = SIZES_SOURCE
+    initial = SizeClasses()
+
+    def __init__(self, settings: PlacementSettings, tiers: int,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.tiers = tiers
+        self.clock = clock
+        self.pending: deque[tuple[str, float]] = deque(maxlen=PENDING_LIMIT)
+        self._carry: dict[str, float] = {}
+        self._last = float("-inf")
+
+    def drain(self) -> dict[str, float]:
+        """What was placed since the last round, as hash increments."""
+        amounts, self._carry = self._carry, {}
+        pending = self.pending
+        for _ in range(len(pending)):
+            accelerator, seconds = pending.popleft()
+            size = max(seconds, SMALLEST_S)
+            field = f"{accelerator}:{size_bin(size)}"
+            for name, amount in ((field, 1.0), (f"{field}:w", size), (f"{field}:i", 1 / size)):
+                amounts[name] = amounts.get(name, 0.0) + amount
+        return amounts
+
+    def fetch(self, store: RedisStore, previous: Any) -> SizeClasses:
+        now = self.clock()
+        if now - self._last < self.settings.refresh_s:
+            return previous
+        self._last = now
+        amounts = self.drain()
+        try:
+            with translated_errors():
+                pipe = store.client.pipeline(transaction=False)
+                if amounts:
+                    DecayedSums(store).add(pipe, sizes_key(store), amounts, now,
+                                           self.settings.window_s)
+                pipe.hgetall(sizes_key(store))
+                raw = pipe.execute()[-1]
+        except Exception:
+            self._carry = amounts  # sent with the next round (a sum: bounded in size)
+            raise
+        hists = histograms(decayed_values(decode_hash(raw), now)[0])
+        return classes_for(hists, previous if isinstance(previous, SizeClasses)
+                           else SizeClasses(), self.tiers, self.settings)

@@ -1,0 +1,113 @@
+"""Tiers as size classes: the boundaries, and the fleet-wide histogram they come from."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from celery_aitp.priority_policy import PlacementSettings
+from celery_aitp.scheduling.size_classes import (
+    BIN_COUNT,
+    Histogram,
+    SizeClasses,
+    best_cuts,
+    bin_lower_s,
+    size_bin,
+    slowdown_cost,
+)
+from celery_aitp.scheduling.size_source import SizeSource, classes_for, read_sizes, sizes_key
+
+
+def histogram(sizes: list[float]) -> Histogram:
+    return Histogram.of(sizes)
+
+
+def bimodal(n: int, seed: int = 1) -> list[float]:
+    rng = random.Random(seed)
+    return [rng.uniform(0.01, 0.05) if rng.random() < 0.8 else rng.uniform(0.5, 1.5)
+            for _ in range(n)]
+
+
+def classes_of(sizes: list[float], cuts: tuple[int, ...]) -> list[int]:
+    return [SizeClasses({"cpu": cuts}).rank("cpu", s, -1) for s in sizes]
+
+
+def test_bins_grow_with_the_size_and_clamp_at_both_ends():
+    assert size_bin(0.0) == size_bin(-1.0) == size_bin(float("nan")) == 0
+    assert size_bin(1e12) == BIN_COUNT - 1
+    sizes = [0.002 * 1.3 ** i for i in range(60)]
+    assert [size_bin(s) for s in sizes] == sorted(size_bin(s) for s in sizes)
+    assert bin_lower_s(size_bin(0.3)) <= 0.3 < bin_lower_s(size_bin(0.3) + 1)
+
+
+def test_a_bimodal_mix_is_split_at_its_gap():
+    sizes = bimodal(4000)
+    cuts = best_cuts(histogram(sizes), 3, 0.95)
+    ranks = classes_of(sizes, cuts)
+    short = {r for s, r in zip(sizes, ranks, strict=True) if s < 0.1}
+    long = {r for s, r in zip(sizes, ranks, strict=True) if s > 0.4}
+    assert max(short) < min(long)  # every short task ahead of every long one
+    assert slowdown_cost(histogram(sizes), cuts, 0.95) < \
+        0.2 * slowdown_cost(histogram(sizes), (BIN_COUNT, BIN_COUNT), 0.95)  # vs one class
+
+
+def test_a_heavy_tail_gives_the_short_majority_the_top_tier():
+    rng = random.Random(3)
+    sizes = [0.01 * rng.paretovariate(1.2) for _ in range(5000)]
+    ranks = classes_of(sizes, best_cuts(histogram(sizes), 3, 0.95))
+    assert ranks.count(0) > 0.5 * len(sizes) and ranks.count(2) < 0.1 * len(sizes)
+
+
+def test_a_mix_with_nothing_to_tell_apart_takes_the_lowest_class():
+    assert best_cuts(histogram([0.5] * 100), 3, 0.95) == (0, 0)
+    assert classes_of([0.5], (0, 0)) == [2]
+    assert best_cuts(Histogram(), 3, 0.95) == (BIN_COUNT, BIN_COUNT)
+    assert best_cuts(histogram([0.5, 5.0]), 1, 0.95) == ()
+
+
+@pytest.mark.parametrize("low, high", [(0.45, 0.55), (0.17, 0.21), (0.9, 1.1)])
+def test_near_equal_sizes_that_straddle_a_bin_edge_are_not_split(low, high):
+    """Each bin keeps its sizes' exact work and 1/size, so a narrow mix that crosses a
+    bin edge does not look like two sizes (bin centres are a factor 1.41 apart)."""
+    rng = random.Random(5)
+    sizes = [rng.uniform(low, high) for _ in range(2000)]
+    assert len({size_bin(s) for s in sizes}) == 2
+    assert classes_of(sizes, best_cuts(histogram(sizes), 3, 0.95)) == [2] * len(sizes)
+
+
+def test_boundaries_stay_unless_new_ones_are_clearly_better():
+    settings = PlacementSettings(min_gain=0.05, min_samples=10)
+    sizes = bimodal(4000)
+    first = classes_for({"cpu": histogram(sizes)}, SizeClasses(), 3, settings)
+    again = classes_for({"cpu": histogram(bimodal(4000, seed=2))}, first, 3, settings)
+    assert again is first  # the same mix, sampled again: no move
+    shifted = classes_for({"cpu": histogram([s * 20 for s in sizes])}, first, 3, settings)
+    assert shifted != first and shifted.bounds["cpu"][0] > first.bounds["cpu"][0]
+    few = classes_for({"cpu": histogram(sizes[:5])}, SizeClasses(), 3, settings)
+    assert few.cuts == {}  # too few samples: no boundaries, the lowest tier for all
+
+
+def test_every_producer_sees_the_whole_fleets_mix(store):
+    settings = PlacementSettings(refresh_s=0.001, min_samples=10)
+    clock = iter(float(t) for t in range(1000, 2000)).__next__
+    a, b = SizeSource(settings, 3, clock), SizeSource(settings, 3, clock)
+    a.pending.extend(("cpu", s) for s in bimodal(500) if s < 0.1)  # short only
+    b.pending.extend(("cpu", s) for s in bimodal(500) if s > 0.1)  # long only
+    first = a.fetch(store, SizeClasses())  # only its own short tasks so far
+    both = b.fetch(store, SizeClasses())
+    assert "cpu" in both.cuts and first != both
+    assert a.fetch(store, first) == both  # now a sees b's long tasks too
+    hist = read_sizes(store, now=1003.0)["cpu"]
+    assert hist.total == pytest.approx(500, rel=0.05)
+    assert sum(hist.work) == pytest.approx(sum(bimodal(500)), rel=0.05)
+
+
+def test_junk_in_the_shared_hash_is_ignored(store):
+    store.client.hset(sizes_key(store), mapping={
+        "_ref": "1000", "_hl": "120", "cpu:3": "5", "cpu:3:w": "0.01", "cpu:x": "9",
+        "cpu:999": "7", ":4": "2", "gpu:2": "nan", "cpu:4": "-3", "cpu:3:q": "1",
+        "a:b:c:d": "1"})
+    found = read_sizes(store, now=1000.0)
+    assert list(found) == ["cpu"] and found["cpu"].total == 5.0
+    assert found["cpu"].work[3] == 0.01 and sum(found["cpu"].inverse) == 0
