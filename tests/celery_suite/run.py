@@ -40,6 +40,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("plain", "coexistence", "split", "takeover")
 MODULES = ("test_canvas.py", "test_tasks.py")
+#: Tests left out of a broker's run, in plain Celery and every stage alike, each for a
+#: difference celery_aitp documents (docs/guarantees.md, "Compatibility with Celery").
+KNOWN_DIFFERENCES = {
+    "rabbitmq": {
+        "test_expired": "a strict AITP worker reserves one task per process (prefetch 1, "
+                        "acks_late), so the task published with expires=1 behind four "
+                        "2-second tasks waits in RabbitMQ, which drops it at its expiry "
+                        "(Celery sets the message TTL): its result stays PENDING and the "
+                        "test's get() never returns; a plain worker reserves it at once "
+                        "and revokes it",
+    },
+}
 #: Both sides get the same reruns, so a test that fails once under load (Celery's suite
 #: has timing-sensitive tests) does not count as a difference.
 RERUNS = ("--reruns", "2", "--reruns-delay", "1")
@@ -165,15 +177,26 @@ def main(argv: list[str] | None = None) -> int:
     tree = fetch_suite(cache, celery_version())
     modules = [m for m in args.modules.split(",") if m]
     targets = [f"t/integration/{m}" for m in modules]
-    results = run_stages(tree, stages, targets, args.keyword, args.broker, args.redis_port)
+    keyword = with_known_differences_left_out(args.keyword, args.broker)
+    results = run_stages(tree, stages, targets, keyword, args.broker, args.redis_port)
     confirm_differences(results, lambda again, tests: run_stages(
         tree, again, tests, None, args.broker, args.redis_port))
     table, ok = summarize(results)
+    for test, why in KNOWN_DIFFERENCES.get(args.broker, {}).items():
+        print(f"left out on {args.broker}: {test}: {why}")
     print(f"Celery {celery_version()} integration suite ({', '.join(modules)}"
           f"{', -k ' + args.keyword if args.keyword else ''}) on {args.broker}, "
           f"testing the Celery in {Path(results['plain'].get('celery', '?')).parent}:")
     print(table)
     return 0 if ok else 1
+
+
+def with_known_differences_left_out(keyword: str | None, broker: str) -> str | None:
+    """The ``-k`` expression, minus the broker's known differences."""
+    known = " or ".join(KNOWN_DIFFERENCES.get(broker, {}))
+    if not known:
+        return keyword
+    return f"({keyword}) and not ({known})" if keyword else f"not ({known})"
 
 
 def run_stages(tree: Path, stages: list[str], targets: list[str], keyword: str | None,

@@ -75,3 +75,12 @@ def test_a_difference_counts_only_if_it_repeats():
     table, ok = summarize(results)
     assert not ok and "b: plain passed, split failed" in table and "a: plain" not in table
     assert results["takeover"]["deliveries"] == {"tier": 4, "other": 0}  # the first run's
+
+
+def test_a_brokers_known_differences_are_left_out_of_every_stage():
+    from tests.celery_suite.run import with_known_differences_left_out
+
+    assert with_known_differences_left_out(None, "redis") is None
+    assert with_known_differences_left_out(None, "rabbitmq") == "not (test_expired)"
+    assert with_known_differences_left_out("priority", "rabbitmq") == \
+        "(priority) and not (test_expired)"
