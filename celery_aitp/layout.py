@@ -5,11 +5,15 @@ Decisions, headers, advertisements and records always name the *logical* tier qu
 queues, laid out so that a worker reads the highest tier first:
 
 - Redis (and the memory transport): one list per logical queue, read in tier order
-  by kombu's ``priority`` queue-order strategy; every message has priority 0, because
-  on Redis a message priority beats queue order and would break the tiers.
+  by the worker's queue-order strategy. A message keeps the priority its caller gave
+  it (``keeps_caller_priority``): kombu reads a priority level before queue order, as
+  it does for any queues a plain Celery worker reads, so tasks of equal priority (all
+  of them, when nobody sets one) come in tier order.
 - RabbitMQ: no ordering across queues, so one priority queue per tenant and
   accelerator, ``aitp.<tenant>.<accelerator>``, and the tier becomes the message
-  priority (highest tier, highest priority).
+  priority (highest tier, highest priority). A task with a priority of its own cannot
+  keep it in there, so it keeps Celery's route instead
+  (:mod:`celery_aitp.publish.caller_priority`).
 
 Producers and workers build declarations only here, so they are identical (RabbitMQ
 refuses a second declaration with other arguments). The RabbitMQ declaration does not
@@ -39,14 +43,17 @@ def _queue(name: str, arguments: dict[str, Any] | None = None) -> Queue:
 
 
 class PerTierLayout:
-    """Physical queue = logical queue (Redis, memory). Message priority 0."""
+    """Physical queue = logical queue (Redis, memory). The caller's message priority."""
 
     name = "per-tier"
+    #: Messages keep the caller's priority; :meth:`priority` is not used for them.
+    keeps_caller_priority = True
 
     def physical(self, logical: str) -> str:
         return logical
 
     def priority(self, logical: str) -> int:
+        """Kombu's level for a message without a priority (tiers need none here)."""
         return 0
 
     def declaration(self, physical: str) -> Queue:
@@ -60,6 +67,8 @@ class PerTenantLayout:
     """One RabbitMQ priority queue per tenant and accelerator; the tier is the priority."""
 
     name = "per-tenant-priority"
+    #: The message priority is the tier's, so a caller's own cannot be kept in here.
+    keeps_caller_priority = False
 
     def __init__(self, tier_names: Sequence[str]) -> None:
         if not 1 <= len(tier_names) <= AMQP_MAX_PRIORITY:

@@ -21,6 +21,7 @@ from celery_aitp.errors import PolicyError
 from celery_aitp.layout import Layout, layout_for
 from celery_aitp.policy import Policy
 from celery_aitp.policy_history import PolicyRecorder, describe_source
+from celery_aitp.publish.caller_priority import keeps_celery_route, tier_priority
 from celery_aitp.publish.hook import AUTO_ROUTE
 from celery_aitp.publish.live_view import LiveView, View
 from celery_aitp.publish.memo import DecisionMemo, Reused
@@ -97,9 +98,10 @@ class Middleware:
         self.counters = Counters()
         self._declared: dict[str, Mapping[str, Any]] = {}
         self._queues: dict[str, Queue] = {}
-        self._tier_targets: dict[str, tuple[Queue, int]] = {}  # name -> (queue, priority)
+        self._tier_targets: dict[str, tuple[Queue, int | None]] = {}  # name -> (queue, priority)
         self._lock = threading.Lock()
         self._config_error_reported = False
+        self._priority_route_reported = False
         self._bad_headers_reported: set[str] = set()
 
     # --- lazily built parts -------------------------------------------------------
@@ -256,6 +258,7 @@ class Middleware:
         auto = bool(options.pop(AUTO_ROUTE, False))
         now = time.time()
         try:
+            auto = auto and not self._keeps_own_priority(options)
             decision = self._decide(name, message, options, auto, now)
         except PolicyError as exc:  # misconfigured (e.g. no store URL with RabbitMQ)
             decision = Decision("unknown", now, name, _task_id(message)).fall_back(
@@ -275,6 +278,19 @@ class Middleware:
             self.counters.incr("apply_errors")
             logger.error("aitp: could not annotate %s: %s", name, redact(repr(exc)))
         return options
+
+    def _keeps_own_priority(self, options: dict[str, Any]) -> bool:
+        """Whether a task nobody routed keeps Celery's route for a priority of its own
+        (RabbitMQ: see :mod:`celery_aitp.publish.caller_priority`); counted."""
+        if keeps_celery_route(self.layout, options):
+            self.counters.incr("explicit_priority")
+            if not self._priority_route_reported:  # once: it may be every task
+                self._priority_route_reported = True
+                logger.info("aitp: on RabbitMQ a task with a message priority of its own "
+                            "(priority=, task_default_priority) keeps Celery's route; "
+                            "counted as explicit_priority")
+            return True
+        return False
 
     def _report_config_error(self, exc: PolicyError) -> None:
         """Log a configuration error once per process (it would repeat on every publish)."""
@@ -400,7 +416,7 @@ class Middleware:
             explicit = _queue_name(options.get("queue"))
             if explicit and self._is_tier_destination(explicit):
                 # e.g. a retry (Celery re-sends it to the queue it came from): declare it
-                # as workers do, and keep the tier's priority when a logical name is given
+                # as workers do; on RabbitMQ a logical name gives the tier's priority
                 priority = options.get("priority")
                 self._send_to_tier(options, explicit)
                 if parse_tier_queue(explicit) is None and priority is not None:
@@ -409,9 +425,12 @@ class Middleware:
     def _send_to_tier(self, options: dict[str, Any], name: str) -> None:
         found = self._tier_targets.get(name)
         if found is None:
-            # the layout's priority keeps tiers strict: 0 on Redis, the tier on RabbitMQ
-            found = self._tier_targets[name] = (self.queue(name), self.layout.priority(name))
-        options["queue"], options["priority"] = found
+            # the caller's priority on Redis, the tier's on RabbitMQ (caller_priority.py)
+            found = self._tier_targets[name] = (self.queue(name),
+                                                tier_priority(self.layout, name))
+        options["queue"], priority = found
+        if priority is not None:
+            options["priority"] = priority
         options.pop("exchange", None)  # Celery takes them from the queue (as in
         options.pop("routing_key", None)  # _drop_destination, unrolled: once per publish)
         options.pop("exchange_type", None)

@@ -75,6 +75,9 @@ EVENT_COUNTERS: dict[str, EventCounter] = {
     "aitp_aging_unstamped_total": EventCounter(
         "Messages the aging pass could not age: no aitp.decided_at stamp.",
         keys={"aging_no_age": ""}),
+    "aitp_explicit_priority_total": EventCounter(
+        "Tasks that kept Celery's route for a message priority of their own (RabbitMQ, "
+        "where a tier queue's priority is the tier).", keys={"explicit_priority": ""}),
     OTHER_EVENTS: EventCounter(
         "Fleet counters this dashboard version has no named metric for (a newer producer "
         "or worker wrote them).", "event"),

@@ -186,6 +186,43 @@ def _register_tasks(app: Celery, marks: Marks) -> None:  # noqa: C901 - one task
             os.kill(os.getpid(), signal.SIGKILL)
         return attempt
 
+    @app.task(name="compat.lose_worker_unrejected", shared=False, bind=True, acks_late=True,
+              reject_on_worker_lost=False)
+    def lose_worker_unrejected(self: Any, name: str) -> int:
+        """Kills its pool process on every run; Celery fails it, no redelivery."""
+        attempt = marks.incr(name)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return attempt
+
+    @app.task(name="compat.soft_probe", shared=False)
+    def soft_probe(seconds: float) -> str:
+        """No limit of its own: a caller's ``soft_time_limit=`` interrupts it."""
+        try:
+            time.sleep(seconds)
+        except SoftTimeLimitExceeded:
+            return "soft limit"
+        return "not interrupted"
+
+    @app.task(name="compat.always_retry", shared=False, bind=True, max_retries=2)
+    def always_retry(self: Any, name: str) -> None:
+        """Counts its attempts and retries until ``max_retries`` is exceeded."""
+        marks.incr(name)
+        raise self.retry(countdown=0.1)
+
+    @app.task(name="compat.prioritized", shared=False, bind=True, priority=6)
+    def prioritized(self: Any) -> dict[str, Any]:
+        """A task whose own ``priority`` attribute sets its message priority."""
+        return delivery(self.request)
+
+    @app.task(name="compat.replaced_by_trace", shared=False, bind=True)
+    def replaced_by_trace(self: Any, label: str) -> Any:
+        """Replaces itself with a ``trace`` step: its result is the replacement's."""
+        raise self.replace(trace.s([], label))
+
+    @app.task(name="compat.replaced_by_add", shared=False, bind=True)
+    def replaced_by_add(self: Any, x: int) -> Any:
+        raise self.replace(add.s(x, 1))
+
     @app.task(name="compat.work", shared=False, bind=True, acks_late=True)
     def work(self: Any, run_list: str, seconds: float = 0.0) -> str:
         """A unit of a fault test's load: sleeps, then records that it completed."""

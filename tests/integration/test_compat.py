@@ -21,7 +21,14 @@ from typing import Any
 
 import pytest
 from celery import chain, chord, group
-from celery.exceptions import ChordError, TaskRevokedError, TimeLimitExceeded
+from celery.canvas import StampingVisitor
+from celery.exceptions import (
+    ChordError,
+    MaxRetriesExceededError,
+    TaskRevokedError,
+    TimeLimitExceeded,
+    WorkerLostError,
+)
 from celery.result import AsyncResult
 
 from tests.apps.compat import create_app
@@ -29,7 +36,9 @@ from tests.conftest import cleanup_deployment, deployment_env
 from tests.support.services import amqp_url
 from tests.support.workers import WorkerProcess, stop_all
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow,
+              # compat.prioritized sets Celery's deprecated (still working) task attribute
+              pytest.mark.filterwarnings("ignore:.*'priority' task attribute")]
 
 TENANT = {"aitp_tenant": "acme"}
 STAGES = ("plain", "coexistence", "split", "takeover")
@@ -328,14 +337,12 @@ def test_caller_queue_is_respected(env: Env) -> None:
     env.check(info, None)
 
 
-def test_caller_priority_is_kept_unless_routed(env: Env) -> None:
+def test_caller_priority_reaches_the_task(env: Env) -> None:
     info = env.task("headers_seen").apply_async(headers=TENANT, priority=5).get(timeout=20)
-    routed = bool(info["aitp"] and info["aitp"]["routed"])
-    env.check(info, "aitp.acme.cpu.lo")
-    if not routed:
-        assert info["priority"] == 5
-    else:  # inside a tier queue the tier is the priority: 0 on Redis, the rank on RabbitMQ
-        assert info["priority"] == (0 if env.fleet.broker == "redis" else 8)
+    assert info["priority"] == 5  # as Celery delivers it, routed or not
+    # Redis keeps it inside the tier queue; on RabbitMQ, where a tier queue's priority is
+    # the tier, a priority of its own keeps Celery's route (publish/caller_priority.py)
+    env.check(info, "aitp.acme.cpu.lo" if env.fleet.broker == "redis" else None)
 
 
 def test_caller_headers_reach_the_task(env: Env) -> None:
@@ -365,3 +372,165 @@ def test_acks_late_with_reject_on_worker_lost_runs_again(env: Env) -> None:
     result = env.task("lose_worker_once").apply_async((name,), headers=TENANT)
     assert result.get(timeout=40) == 2  # the first run killed its process; redelivered
     assert env.marks.get(name) == 2
+
+
+# --- message priority (publish/caller_priority.py) --------------------------------
+
+def priority_route(env: Env) -> str | None:
+    """Where a task with a priority of its own is decided to go: inside its tier queue on
+    Redis; Celery's route on RabbitMQ (None: as if the caller chose the queue)."""
+    return "aitp.acme.cpu.lo" if env.fleet.broker == "redis" else None
+
+
+def test_a_tasks_own_priority_reaches_it(env: Env) -> None:
+    info = env.task("prioritized").apply_async(headers=TENANT).get(timeout=20)
+    assert info["priority"] == 6
+    env.check(info, priority_route(env))
+
+
+def test_task_default_priority_reaches_the_task(env: Env) -> None:
+    kind = "plain" if env.plain else "aitp"
+    producer = create_app(env.fleet.envs[kind])  # configured before its tasks are bound
+    producer.conf.task_default_priority = 4
+    try:
+        info = producer.tasks["compat.headers_seen"].apply_async(headers=TENANT).get(
+            timeout=20)
+    finally:
+        if not env.plain:
+            producer.aitp.close()
+    assert info["priority"] == 4
+    env.check(info, priority_route(env))
+
+
+def test_chain_steps_keep_their_own_priorities(env: Env) -> None:
+    trace = env.task("trace")
+    steps = (trace.signature(([], "a"), priority=3) | trace.signature(("b",), priority=5)
+             ).apply_async(headers=TENANT).get(timeout=20)
+    assert [s["priority"] for s in steps] == [3, 5]
+    for step in steps:
+        env.check(step, priority_route(env))
+
+
+def test_chord_members_and_body_keep_their_priorities(env: Env) -> None:
+    trace = env.task("trace")
+    *members, body = chord([trace.signature(([], "m"), priority=4)],
+                           trace.signature(("body",), priority=6)).apply_async(
+        headers=TENANT).get(timeout=20)
+    assert [m[0]["priority"] for m in members] == [4] and body["priority"] == 6
+    env.check(body, priority_route(env))
+
+
+def test_a_retry_keeps_the_priority(env: Env) -> None:
+    attempts = env.task("retrying").apply_async((1,), headers=TENANT, priority=7).get(
+        timeout=30)
+    assert [(a["retries"], a["priority"]) for a in attempts] == [(0, 7), (1, 7)]
+    env.check(attempts[0], priority_route(env))
+
+
+# --- destinations -------------------------------------------------------------------
+
+def test_caller_exchange_and_routing_key_are_respected(env: Env) -> None:
+    info = env.task("where").apply_async(
+        (1,), headers=TENANT, exchange=env.extra_queue, routing_key=env.extra_queue).get(
+        timeout=20)
+    assert info["queue"] == env.extra_queue
+    env.check(info, None)
+
+
+def test_a_task_that_has_not_expired_runs(env: Env) -> None:
+    info = env.task("where").apply_async((1,), headers=TENANT, expires=60).get(timeout=20)
+    env.check(info, "aitp.acme.cpu.hi")
+
+
+# --- limits and acknowledgement by call -------------------------------------------
+
+def test_time_limits_given_by_the_caller(env: Env) -> None:
+    soft = env.task("soft_probe").apply_async((3,), headers=TENANT, soft_time_limit=0.3)
+    assert soft.get(timeout=20) == "soft limit"
+    with pytest.raises(TimeLimitExceeded):
+        env.task("sleeper").apply_async((3,), headers=TENANT, time_limit=0.5).get(timeout=20)
+
+
+def test_acks_late_without_reject_on_worker_lost_fails_once(env: Env) -> None:
+    name = f"unrejected-{uuid.uuid4().hex[:6]}"
+    result = env.task("lose_worker_unrejected").apply_async((name,), headers=TENANT)
+    with pytest.raises(WorkerLostError):
+        result.get(timeout=40)
+    time.sleep(0.5)  # a redelivery would run within this
+    assert env.marks.get(name) == 1
+
+
+def test_retries_stop_at_max_retries(env: Env) -> None:
+    name = f"retries-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(MaxRetriesExceededError):
+        env.task("always_retry").apply_async((name,), headers=TENANT).get(timeout=30)
+    assert env.marks.get(name) == 3  # the first run and max_retries=2 retries
+
+
+# --- callbacks, counters, replace, stamps -----------------------------------------
+
+def test_link_callback_runs_with_the_result_and_is_decided(env: Env) -> None:
+    callback = env.task("where").s()
+    callback.freeze()
+    assert env.task("add").apply_async((1, 2), headers=TENANT, link=callback).get(
+        timeout=20) == 3
+    info = AsyncResult(callback.id, app=env.app).get(timeout=20)
+    assert info["x"] == 3
+    env.check(info, "aitp.acme.cpu.hi")  # published by the worker: the tenant is inherited
+
+
+def test_link_error_runs_once_on_failure(env: Env) -> None:
+    name = f"errback-{uuid.uuid4().hex[:6]}"
+    result = env.task("fail").apply_async((3,), headers=TENANT,
+                                          link_error=env.task("mark").si(name))
+    with pytest.raises(ValueError, match="boom 3"):
+        result.get(timeout=20)
+    deadline = time.monotonic() + 20
+    while env.marks.get(name) == 0:
+        assert time.monotonic() < deadline, "the errback never ran"
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert env.marks.get(name) == 1
+
+
+def test_group_and_chord_counters(env: Env) -> None:
+    add, tsum = env.task("add"), env.task("tsum")
+    members = group(add.s(i, 1) for i in range(6)).apply_async(headers=TENANT)
+    assert members.get(timeout=20) == [1, 2, 3, 4, 5, 6]
+    assert members.completed_count() == 6 and members.ready()
+    assert chord([add.s(i, i) for i in range(20)], tsum.s()).apply_async(
+        headers=TENANT).get(timeout=30) == 380
+    nested = chord([chain(add.s(1, 1), add.s(1)), group(add.s(2, 2), add.s(3, 3))], tsum.s())
+    assert nested.apply_async(headers=TENANT).get(timeout=30) == 13  # 3 + 4 + 6
+
+
+def test_replace_gives_the_replacements_result(env: Env) -> None:
+    (step,) = env.task("replaced_by_trace").apply_async(("r",), headers=TENANT).get(
+        timeout=20)
+    assert step["label"] == "r"
+    env.check(step, "aitp.acme.cpu.lo")  # the replacement is decided in the worker
+    flow = env.task("replaced_by_add").s(1) | env.task("add").s(10)
+    assert flow.apply_async(headers=TENANT).get(timeout=20) == 12
+
+
+class _Stamp(StampingVisitor):
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def on_signature(self, sig: Any, **headers: Any) -> dict[str, Any]:
+        return {"compat_stamp": self.value}
+
+
+def test_revoke_by_stamped_header(env: Env) -> None:
+    revoked, kept = (uuid.uuid4().hex for _ in range(2))
+    env.app.control.revoke_by_stamped_headers({"compat_stamp": [revoked]}, reply=True,
+                                              timeout=1)
+    runs = {}
+    for value in (revoked, kept):
+        sig = env.task("mark").si(f"stamped-{value}")
+        sig.stamp(visitor=_Stamp(value))
+        runs[value] = sig.apply_async(headers=TENANT)
+    assert runs[kept].get(timeout=20) == f"stamped-{kept}"
+    with pytest.raises(TaskRevokedError):
+        runs[revoked].get(timeout=20)
+    assert env.marks.get(f"stamped-{revoked}") == 0

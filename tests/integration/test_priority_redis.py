@@ -189,3 +189,24 @@ def test_a_flooding_tenant_is_read_behind_a_quiet_one(deployment, request):
     # time, with an honest margin for a loaded machine: the burst's last start within
     # twice its span alone plus one flood task in flight and 0.5 s of scheduling noise
     assert span <= 2 * alone_span + 0.1 + 0.5, (span, alone_span)
+
+
+def test_a_callers_priority_ranks_ahead_of_the_tier_as_celery_ranks_it_ahead_of_queues(
+        proj, start_worker):
+    # kombu's Redis transport reads every priority level of all the worker's queues
+    # before the next level (lower number first); a routed task keeps its caller's
+    # priority (publish/caller_priority.py), so the tier orders tasks of equal priority.
+    start_worker("acme", "--aitp-tenant", "acme", "--aitp-no-default-queue")
+    wait_live(proj, "aitp.acme.cpu.hi")
+    headers = {"aitp_tenant": "acme"}
+    first = proj.lo.apply_async((0, 0.5), headers=headers)  # occupies the single process
+    time.sleep(0.2)
+    demoted_lo = proj.lo.apply_async((1,), headers=headers, priority=6)
+    demoted_hi = proj.hi.apply_async((2,), headers=headers, priority=6)
+    plain_lo = proj.lo.apply_async((3,), headers=headers)
+    runs = {name: r.get(timeout=30) for name, r in
+            (("demoted_lo", demoted_lo), ("demoted_hi", demoted_hi), ("plain_lo", plain_lo))}
+    first.get(timeout=30)
+    # (the worker reads tier queues only, so each of them was routed)
+    assert [name for name, _ in sorted(runs.items(), key=lambda kv: kv[1]["at"])] == [
+        "plain_lo", "demoted_hi", "demoted_lo"]

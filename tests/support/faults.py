@@ -69,10 +69,12 @@ def free_port(preferred: int) -> int:
 
 class PrivateRedis:
     """A redis-server of our own (on ``preferred_port`` if free), with an append-only file
-    so a restart keeps what it held, like a production broker; stopped by its pid."""
+    so a restart keeps what it held, like a production broker (unless not ``durable``);
+    stopped by its pid."""
 
-    def __init__(self, preferred_port: int) -> None:
+    def __init__(self, preferred_port: int, durable: bool = True) -> None:
         self.port = free_port(preferred_port)
+        self.durable = durable
         self.directory = Path(tempfile.mkdtemp(prefix="aitp-fault-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -82,8 +84,9 @@ class PrivateRedis:
 
     def start(self, timeout_s: float = 10.0) -> PrivateRedis:
         args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-                "--dir", str(self.directory), "--loglevel", "warning"]
+                "--save", "", "--dir", str(self.directory), "--loglevel", "warning",
+                *(("--appendonly", "yes", "--appendfsync", "always") if self.durable
+                  else ("--appendonly", "no"))]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s

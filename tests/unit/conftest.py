@@ -9,10 +9,11 @@ from typing import Any
 import fakeredis
 import pytest
 from celery import Celery
-from celery.signals import after_task_publish
+from celery.signals import after_task_publish, before_task_publish
 from hypothesis import HealthCheck, settings
 
 import celery_aitp
+from celery_aitp.publish.request import read_header
 from celery_aitp.store import Keys, RedisStore
 from tests.conftest import TEST_POLICY
 
@@ -57,6 +58,30 @@ def published() -> Iterator[list[dict[str, Any]]]:
     after_task_publish.connect(capture, weak=False)
     yield seen
     after_task_publish.disconnect(capture)
+
+
+@pytest.fixture
+def rabbit_app(app: Celery) -> Celery:
+    """The unit app, told its broker is RabbitMQ: the layout follows the driver type."""
+    app.aitp.broker_driver = "amqp"
+    return app
+
+
+@pytest.fixture
+def sent() -> Iterator[list[dict[str, Any]]]:
+    """Routing key, message priority, aitp header and declared queues of every message
+    about to be published."""
+    seen: list[dict[str, Any]] = []
+
+    def capture(routing_key: Any = None, headers: Any = None, properties: Any = None,
+                declare: Any = None, **_: Any) -> None:
+        seen.append({"routing_key": routing_key, "priority": (properties or {}).get("priority"),
+                     "aitp": read_header((headers or {}).get("aitp")),
+                     "declare": list(declare or ())})
+
+    before_task_publish.connect(capture, weak=False)
+    yield seen
+    before_task_publish.disconnect(capture)
 
 
 def make_live(store: RedisStore, *queues: str, stage: str = "takeover") -> None:

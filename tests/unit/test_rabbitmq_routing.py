@@ -6,14 +6,12 @@ the memory transport with the middleware told its broker is RabbitMQ.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
 from celery.app.amqp import task_message
-from celery.signals import before_task_publish
 
 import celery_aitp
 from celery_aitp.errors import PolicyError
@@ -26,28 +24,6 @@ from tests.conftest import TEST_POLICY
 from tests.unit.conftest import make_live
 
 
-@pytest.fixture
-def rabbit_app(app: Celery) -> Celery:
-    app.aitp.broker_driver = "amqp"  # the layout follows the broker's driver type
-    return app
-
-
-@pytest.fixture
-def sent() -> Iterator[list[dict[str, Any]]]:
-    """Routing key, priority and aitp header of every message about to be published."""
-    seen: list[dict[str, Any]] = []
-
-    def capture(routing_key: Any = None, headers: Any = None, properties: Any = None,
-                declare: Any = None, **_: Any) -> None:
-        seen.append({"routing_key": routing_key, "priority": (properties or {}).get("priority"),
-                     "aitp": read_header((headers or {}).get("aitp")),
-                     "declare": list(declare or ())})
-
-    before_task_publish.connect(capture, weak=False)
-    yield seen
-    before_task_publish.disconnect(capture)
-
-
 def refresh(app: Any) -> None:
     app.aitp.live.current()
     app.aitp.live.refresh()
@@ -58,7 +34,7 @@ def test_routed_task_goes_to_the_tenant_priority_queue_with_its_tier_as_priority
     make_live(store, "aitp.acme.cpu.hi", "aitp.acme.cpu.lo")
     refresh(rabbit_app)
     rabbit_app.tasks["tests.unit.conftest.urgent"].apply_async(
-        (1,), headers={"aitp_tenant": "acme"}, priority=3)
+        (1,), headers={"aitp_tenant": "acme"})
     rabbit_app.tasks["tests.unit.conftest.plain"].apply_async(
         (1,), headers={"aitp_tenant": "acme"})
     hi, lo = sent[-2:]
