@@ -24,7 +24,7 @@ from celery_aitp.policy import Policy
 from celery_aitp.queues import tier_queue_name
 from celery_aitp.redact import redact
 from celery_aitp.scheduling.feedback import FeedbackPass
-from celery_aitp.worker import aging, tier_cycle
+from celery_aitp.worker import acks, aging, tier_cycle
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +38,10 @@ WORKER_OPTIONS = (
     click.Option(["--aitp-no-default-queue"], is_flag=True, default=False,
                  help="Consume only tier queues, not the default queue."),
     click.Option(["--aitp-strict/--aitp-no-strict"], default=True,
-                 help="Acknowledge after the run so no lower-tier task is held in reserve "
-                      "(default); --aitp-no-strict keeps early acks, with up to one reserved "
-                      "task per pool process."),
+                 help="Acknowledge tier-queue deliveries after the run so no lower-tier "
+                      "task is held in reserve (default; a task's own acks_late=False is "
+                      "kept); --aitp-no-strict keeps each task's acks, with up to one "
+                      "reserved task per pool process."),
 )
 
 
@@ -148,17 +149,21 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         others = [] if self.plan.no_default_queue else list(queues.consume_from)
         queues.select(names + [q for q in others if q not in names])
         # Tiers in order: read queues by tier (weighted, so lower tiers keep a guaranteed
-        # share; or strictly), reserve at most one message per pool process, and in
-        # strict mode none beyond the running ones.
+        # share; or strictly), reserve at most one message per pool process (prefetch is
+        # per channel, so it holds for every queue of this worker), and in strict mode
+        # none beyond the running ones: tier deliveries ack after the run (worker/acks.py).
+        configured = getattr(worker, "prefetch_multiplier", 1)
+        if configured != 1:
+            logger.info("aitp: prefetch multiplier %s -> 1 (tier order)", configured)
         worker.prefetch_multiplier = 1
         if self.middleware.broker_driver == "redis":
             options = dict(app.conf.broker_transport_options or {})
             options["queue_order_strategy"] = self._order_strategy(names)
             app.conf.broker_transport_options = options
         if strict:
-            app.conf.task_acks_late = True
-            for task in app.tasks.values():
-                task.acks_late = True
+            plan = acks.ack_tier_deliveries_late(app, names)
+            for line in plan.warnings():
+                logger.warning("%s", line)
         logger.info("aitp: consuming %s", ", ".join(queues.consume_from))
 
     def _order_strategy(self, names: list[str]) -> str:
@@ -226,6 +231,7 @@ def register_worker_extensions(app: Any) -> None:
     from celery_aitp.worker import running
     from celery_aitp.worker.observe import connect_observer
 
+    acks.track_declarations()  # before the app's tasks are created (at finalisation)
     options = app.user_options["worker"]
     if not any(getattr(o, "name", None) == "aitp_tenant" for o in options):
         for option in WORKER_OPTIONS:

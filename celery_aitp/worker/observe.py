@@ -279,8 +279,11 @@ def connect_observer(app: Any) -> Observer:
     if observer is None:
         observer = Observer(app)
         app._aitp_observer = observer
-        signals.task_prerun.connect(observer.prerun, weak=False)
-        signals.task_postrun.connect(observer.postrun, weak=False)
+        # Celery before 5.6 tells bound methods apart by their function only: without
+        # its own dispatch_uid a second app's observer would silently not be connected.
+        uid = f"celery_aitp.observer.{id(observer)}"
+        signals.task_prerun.connect(observer.prerun, weak=False, dispatch_uid=uid)
+        signals.task_postrun.connect(observer.postrun, weak=False, dispatch_uid=uid)
         signals.worker_process_shutdown.connect(lambda **_: app.aitp.close(), weak=False)
         signals.worker_shutdown.connect(lambda **_: app.aitp.close(), weak=False)
     return observer

@@ -190,3 +190,23 @@ def run_hi(self, x: int, sleep: float = 0.0) -> None:
 def run_lo(self, x: int, sleep: float = 0.0) -> None:
     """A lowest-tier run, recorded in order of start."""
     _record_run(self.request, "lo", x, sleep)
+
+
+def _hold(request: Any, seconds: float) -> None:
+    """Note this run's start in ``<prefix>:held``, then wait (for the test to act)."""
+    client = redis.Redis.from_url(os.environ.get("AITP_TEST_BACKEND") or app.conf.broker_url)
+    client.rpush(f"{PREFIX}:held", request.id)
+    client.close()
+    time.sleep(seconds)
+
+
+@app.task(shared=False, bind=True, ignore_result=True, aitp={"tier": "lo"})
+def hold(self, seconds: float = 30.0) -> None:
+    """Leaves acks to the configuration: late on a strict worker's tier queues only."""
+    _hold(self.request, seconds)
+
+
+@app.task(shared=False, bind=True, ignore_result=True, aitp={"tier": "lo"}, acks_late=False)
+def hold_early(self, seconds: float = 30.0) -> None:
+    """Sets acks_late=False itself: acknowledged at its start, wherever it comes from."""
+    _hold(self.request, seconds)

@@ -14,19 +14,10 @@ from celery_aitp.cli.celery_command import aitp
 from celery_aitp.learn.observations import stream_length
 from celery_aitp.predict.model_source import MODEL_SOURCE
 from celery_aitp.predict.model_store import ModelStore
+from tests.support.live import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 HEADERS = {"aitp_tenant": "acme"}
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_runs_are_recorded_a_model_is_promoted_and_picked_up(proj, start_worker):
