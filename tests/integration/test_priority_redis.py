@@ -82,8 +82,11 @@ def test_undeclared_short_tasks_overtake_long_ones_by_size(deployment, request):
     tier = None
     while tier != "hi":  # the history and the fleet's size histogram catch up
         assert time.monotonic() < deadline, f"the short task never reached hi (last: {tier})"
+        # both sizes keep coming: the boundaries are drawn from the mix the fleet places
+        long_one = proj.step.apply_async((0, 0.4), headers=headers)
         result = proj.probe.apply_async((0.02,), headers=headers)
         result.get(timeout=30)
+        long_one.get(timeout=30)
         time.sleep(0.3)
         proj.app.aitp.live.flush()
         record = proj.app.aitp.decision_log.find(result.id)
