@@ -15,8 +15,8 @@ from typing import Any
 
 import redis
 
+from celery_aitp.core.request import read_header
 from celery_aitp.errors import AdapterError
-from celery_aitp.publish.request import read_header
 from celery_aitp.store.redis_store import connect
 
 DEFAULT_STEPS = (0, 3, 6, 9)

@@ -35,8 +35,8 @@ import common  # noqa: E402
 from celery import Celery  # noqa: E402
 
 import celery_aitp  # noqa: E402
+from celery_aitp.core.view import View  # noqa: E402
 from celery_aitp.predict.model_source import MODEL_SOURCE  # noqa: E402
-from celery_aitp.publish.live_view import View  # noqa: E402
 from celery_aitp.queues import all_tier_queues  # noqa: E402
 
 TASKS = ("media.resize", "reports.build", "ml.fit", "etl.batch", "mail.send", "geo.route")

@@ -18,10 +18,10 @@ import uuid
 from collections.abc import Callable
 from fnmatch import fnmatchcase
 
+from celery_aitp.core.request import Decision, Request
+from celery_aitp.core.view import View
 from celery_aitp.policy import SplitSettings, Stage, parse_policy
-from celery_aitp.publish.live_view import View
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.publish.request import Decision, Request
 from celery_aitp.publish.split import split_bucket
 from celery_aitp.publish.stages import GateStage
 

@@ -13,12 +13,12 @@ import argparse
 import time
 from types import MappingProxyType
 
+from celery_aitp.core.request import Decision, Request
+from celery_aitp.core.view import View
 from celery_aitp.policy import SplitSettings, Stage, parse_policy
 from celery_aitp.profiles.profile import ObservedProfile
 from celery_aitp.profiles.store import ProfileBook
-from celery_aitp.publish.live_view import View
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.publish.request import Decision, Request
 from celery_aitp.scheduling.usage import UsageSnapshot
 
 POLICY = parse_policy({

@@ -30,8 +30,8 @@ import common  # noqa: E402
 from celery import Celery  # noqa: E402
 
 import celery_aitp  # noqa: E402
+from celery_aitp.core.request import header_json  # noqa: E402
 from celery_aitp.layout import physical_groups  # noqa: E402
-from celery_aitp.publish.request import header_json  # noqa: E402
 from celery_aitp.queues import all_tier_queues  # noqa: E402
 
 #: The variant that publishes one precomputed decision for every task (no pipeline).
@@ -123,7 +123,7 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 
 def _request(name: str, args: list[Any], kwargs: dict[str, Any],
              headers: dict[str, Any]) -> Any:
-    from celery_aitp.publish.request import Request
+    from celery_aitp.core.request import Request
 
     return Request(name, "floor", args, kwargs, headers, {}, None, time.time())
 

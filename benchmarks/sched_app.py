@@ -23,7 +23,7 @@ import redis
 from celery import Celery
 
 from benchmarks.workload import KINDS, POLICY
-from celery_aitp.publish.request import read_header
+from celery_aitp.core.request import read_header
 
 MODES = ("fifo", "aitp", "oracle")
 RUNTIME_HEADER = "bench_runtime_s"

@@ -17,16 +17,18 @@ from typing import Any
 
 from kombu import Queue
 
+from celery_aitp.core.request import Decision, Request
+from celery_aitp.core.running import current_tenant
+from celery_aitp.core.view import View
 from celery_aitp.errors import PolicyError
 from celery_aitp.layout import Layout, layout_for
 from celery_aitp.policy import Policy
 from celery_aitp.policy_history import PolicyRecorder, describe_source
 from celery_aitp.publish.caller_priority import keeps_celery_route, tier_priority
 from celery_aitp.publish.hook import AUTO_ROUTE
-from celery_aitp.publish.live_view import LiveView, View
+from celery_aitp.publish.live_view import LiveView
 from celery_aitp.publish.memo import DecisionMemo, Reused
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.publish.request import Decision, Request
 from celery_aitp.publish.stages import GATED_REASONS
 from celery_aitp.publish.visibility_stage import (
     REDIS_DRIVERS,
@@ -40,7 +42,6 @@ from celery_aitp.store import Keys, RedisStore, connect
 from celery_aitp.store.decision_log import DecisionLog
 from celery_aitp.telemetry.buffer import RecordBuffer
 from celery_aitp.telemetry.counters import Counters
-from celery_aitp.worker.running import current_tenant
 
 logger = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ import click
 
 from celery_aitp.cli.celery_command import middleware_of
 from celery_aitp.cli.output import console, emit_json, fail, table
+from celery_aitp.core.view import stage_from_doc
 from celery_aitp.errors import AitpError
 from celery_aitp.migration.analysis import (
     ArmStats,
@@ -26,7 +27,6 @@ from celery_aitp.migration.analysis import (
 )
 from celery_aitp.migration.records import latest_records, records_since
 from celery_aitp.migration.waitmodel import model_waits
-from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.publish.split import SplitRule
 
 ERROR_COLUMNS = ["runs", "actual s", "predicted s", "MAE s", "median rel err", "bias s",

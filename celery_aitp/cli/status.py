@@ -8,10 +8,10 @@ import click
 
 from celery_aitp.cli.celery_command import middleware_of
 from celery_aitp.cli.output import console, emit_json, fail, table
+from celery_aitp.core.view import stage_from_doc
 from celery_aitp.errors import AitpError
 from celery_aitp.migration.describe import describe, when
 from celery_aitp.migration.guard_state import describe_guard, read_guard_state
-from celery_aitp.publish.live_view import stage_from_doc
 
 
 @click.command("status")

@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from celery_aitp.core.view import stage_from_doc
 from celery_aitp.dashboard import pages
 from celery_aitp.dashboard.config import DashboardConfig
 from celery_aitp.dashboard.explain import task_page
@@ -26,7 +27,6 @@ from celery_aitp.dashboard.security import cross_site_problem
 from celery_aitp.dashboard.stage_control import change_stage
 from celery_aitp.errors import AitpError, PolicyError, StoreError
 from celery_aitp.explain import explain
-from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.redact import redact
 
 #: path -> what it returns (served at /api and in docs/dashboard.md's API reference).

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from celery_aitp.core.view import stage_from_doc
 from celery_aitp.dashboard.labels import Bounds
 from celery_aitp.dashboard.streams import StreamTail
 from celery_aitp.dashboard.totals import RunTotals
@@ -24,7 +25,6 @@ from celery_aitp.errors import StoreError
 from celery_aitp.layout import Layout, PerTierLayout, physical_groups
 from celery_aitp.numbers import finite_number
 from celery_aitp.policy import Policy
-from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.queues import all_tier_queues, parse_tier_queue
 from celery_aitp.redact import redact
 from celery_aitp.scheduling.usage import read_usage

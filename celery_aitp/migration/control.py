@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_aitp.core.view import stage_from_doc
 from celery_aitp.errors import PolicyError
 from celery_aitp.policy import Policy, SplitSettings, Stage
-from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.store.redis_store import ANY
 from celery_aitp.worker.janitor import Janitor
 

@@ -31,10 +31,10 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_aitp.cache import BoundedDict
-from celery_aitp.publish.live_view import View
+from celery_aitp.core.request import Decision, Request, header_json, record_json_of
+from celery_aitp.core.view import View
 from celery_aitp.publish.pipeline import Pipeline
 from celery_aitp.publish.priority_stage import PriorityStage
-from celery_aitp.publish.request import Decision, Request, header_json, record_json_of
 from celery_aitp.publish.visibility_stage import VISIBILITY_REASONS
 from celery_aitp.telemetry.counters import Counters
 

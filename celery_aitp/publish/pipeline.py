@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from celery_aitp.core.request import Decision, Request
+from celery_aitp.core.view import Source, View
 from celery_aitp.policy import Policy
-from celery_aitp.predict.stages import prediction_stages
-from celery_aitp.publish.live_view import Source, View
+from celery_aitp.publish.predict_stage import prediction_stages
 from celery_aitp.publish.priority_stage import PriorityStage
 from celery_aitp.publish.profile_stage import ProfileStage
-from celery_aitp.publish.request import Decision, Request
 from celery_aitp.publish.stages import GateStage, PublishStage, RouteStage, TenantStage
 from celery_aitp.publish.visibility_stage import VisibilityStage
 

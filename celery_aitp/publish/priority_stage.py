@@ -27,10 +27,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery_aitp.cache import BoundedDict
+from celery_aitp.core.request import Decision, Request
+from celery_aitp.core.running import running_origin
+from celery_aitp.core.view import View
 from celery_aitp.policy import Policy
 from celery_aitp.priority_policy import URGENCY_FACTORS
-from celery_aitp.publish.live_view import View
-from celery_aitp.publish.request import Decision, Request
 from celery_aitp.scheduling.factors import (
     age_factor,
     resource_demand,
@@ -41,7 +42,6 @@ from celery_aitp.scheduling.feedback import BOOSTS_SOURCE, Boosts, BoostSource
 from celery_aitp.scheduling.size_classes import SizeClasses
 from celery_aitp.scheduling.size_source import SIZES_SOURCE, SizeSource
 from celery_aitp.scheduling.usage import USAGE_SOURCE, UsageSource
-from celery_aitp.worker.running import running_origin
 
 #: Labels accepted in one ``aitp_labels`` header; more is bad input.
 MAX_HEADER_LABELS = 16

@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery_aitp.cache import BoundedDict
+from celery_aitp.core.request import Decision, Request
+from celery_aitp.core.view import View
 from celery_aitp.policy import Policy
 from celery_aitp.profiles.profile import MergedProfile, ObservedProfile, merge_profile
 from celery_aitp.profiles.store import ProfileSource
-from celery_aitp.publish.live_view import View
-from celery_aitp.publish.request import Decision, Request
 
 #: Task names whose merged profile is cached; the cache starts over beyond this.
 CACHE_LIMIT = 20_000

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from celery_aitp.core.request import Decision, Request
+from celery_aitp.core.view import View
 from celery_aitp.policy import Policy, SplitSettings, Stage
-from celery_aitp.publish.live_view import View
-from celery_aitp.publish.request import Decision, Request
 from celery_aitp.publish.split import SplitRule, arm_key, split_bucket
 from celery_aitp.queues import tier_queue_name
 

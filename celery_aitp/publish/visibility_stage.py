@@ -24,9 +24,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from celery_aitp.cache import BoundedDict
+from celery_aitp.core.request import Decision, Request
+from celery_aitp.core.view import View
 from celery_aitp.policy import VisibilityGuardSettings
-from celery_aitp.publish.live_view import View
-from celery_aitp.publish.request import Decision, Request
 
 logger = logging.getLogger("celery_aitp.visibility")
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from celery_aitp.publish.live_view import Source, View
+from celery_aitp.core.view import Source, View
 from celery_aitp.store import RedisStore
 
 logger = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """Where each replayed task goes: the product's real pipeline, plain FIFO, or the oracle.
 
-:class:`PipelineRouter` builds the same :class:`~celery_aitp.publish.request.Request`
+:class:`PipelineRouter` builds the same :class:`~celery_aitp.core.request.Request`
 the publish hook builds and runs the same :class:`~celery_aitp.publish.pipeline.Pipeline`
-over a simulated :class:`~celery_aitp.publish.live_view.View` (every queue a simulated
+over a simulated :class:`~celery_aitp.core.view.View` (every queue a simulated
 worker reads is live; the stage is takeover), so the replay follows whatever stages the
 product has. The oracle is that pipeline with its ``predict`` stage swapped for
 :class:`OraclePredictStage`, which reads the true runtime from a header.
@@ -14,11 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from celery_aitp.core.request import Decision, Request
+from celery_aitp.core.view import View
 from celery_aitp.numbers import finite_number
 from celery_aitp.policy import Policy, Stage
-from celery_aitp.publish.live_view import View
 from celery_aitp.publish.pipeline import Pipeline
-from celery_aitp.publish.request import Decision, Request
 from celery_aitp.queues import parse_tier_queue, tier_queue_name
 from celery_aitp.replay.engine import SimWorker
 from celery_aitp.replay.feed import SourceFeed

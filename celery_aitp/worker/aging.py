@@ -33,11 +33,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from celery_aitp.core.request import header_origin
 from celery_aitp.errors import AdapterError, StoreError
 from celery_aitp.layout import AMQP_DRIVERS, Layout, physical_of_all
 from celery_aitp.policy import Policy
 from celery_aitp.priority_policy import TierOrder
-from celery_aitp.publish.request import header_origin
 from celery_aitp.queues import tier_queue_name
 from celery_aitp.worker.janitor import BrokerQueuePass
 

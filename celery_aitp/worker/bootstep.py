@@ -228,7 +228,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
 
 def register_worker_extensions(app: Any) -> None:
     """Add the flags, the bootstep and the run observer to ``app`` (idempotent)."""
-    from celery_aitp.worker import running
+    from celery_aitp.core import running
     from celery_aitp.worker.observe import connect_observer
 
     acks.track_declarations()  # before the app's tasks are created (at finalisation)

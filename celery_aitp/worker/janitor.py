@@ -19,10 +19,10 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from celery_aitp.core.view import stage_from_doc
 from celery_aitp.errors import AdapterError, StoreError
 from celery_aitp.layout import physical_groups
 from celery_aitp.policy import Stage
-from celery_aitp.publish.live_view import stage_from_doc
 from celery_aitp.queues import all_tier_queues
 from celery_aitp.redact import redact
 from celery_aitp.registry import QUEUE_OPS, resolve

@@ -20,9 +20,9 @@ from typing import Any
 
 from celery import signals
 
+from celery_aitp.core.request import read_header
 from celery_aitp.predict.features import argument_features
 from celery_aitp.predict.history import HistorySink
-from celery_aitp.publish.request import read_header
 from celery_aitp.worker.ledger import RunLedger
 from celery_aitp.worker.meter import RunMeter, make_probe
 

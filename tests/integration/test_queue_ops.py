@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from celery_aitp.core.request import read_header
 from celery_aitp.errors import AdapterError
 from celery_aitp.layout import layout_for
-from celery_aitp.publish.request import read_header
 from celery_aitp.registry import QUEUE_OPS, resolve
 from tests.support.rabbit import delete_queues
 from tests.support.services import amqp_url

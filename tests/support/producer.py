@@ -12,7 +12,7 @@ from typing import Any
 
 from celery.signals import after_task_publish
 
-from celery_aitp.publish.request import read_header
+from celery_aitp.core.request import read_header
 from tests.apps.proj import app, noop
 
 

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from celery_aitp.core.request import Request
+from celery_aitp.core.view import View
 from celery_aitp.policy import Policy, Stage
-from celery_aitp.publish.live_view import View
 from celery_aitp.publish.pipeline import Pipeline
 from celery_aitp.publish.priority_stage import PriorityStage
 from celery_aitp.publish.profile_stage import ProfileStage
-from celery_aitp.publish.request import Request
 from celery_aitp.publish.stages import GateStage, RouteStage, TenantStage
 from celery_aitp.queues import tier_queue_name
 from celery_aitp.store import RedisStore

@@ -13,7 +13,7 @@ from celery.signals import after_task_publish, before_task_publish
 from hypothesis import HealthCheck, settings
 
 import celery_aitp
-from celery_aitp.publish.request import read_header
+from celery_aitp.core.request import read_header
 from celery_aitp.store import Keys, RedisStore
 from tests.conftest import TEST_POLICY
 

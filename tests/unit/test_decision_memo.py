@@ -15,6 +15,7 @@ import pytest
 from celery import Celery
 
 import celery_aitp
+from celery_aitp.core.request import Decision, read_header
 from celery_aitp.learn import synthetic
 from celery_aitp.predict.history import HistoryStore
 from celery_aitp.predict.model_source import MODEL_SOURCE
@@ -22,7 +23,6 @@ from celery_aitp.predict.model_store import ModelStore
 from celery_aitp.publish.hook import AUTO_ROUTE
 from celery_aitp.publish.memo import DecisionMemo, Reused
 from celery_aitp.publish.pipeline import Pipeline
-from celery_aitp.publish.request import Decision, read_header
 from celery_aitp.queues import all_tier_queues
 from tests.unit.conftest import make_live
 
@@ -324,7 +324,7 @@ class _Flagging:
 
 
 def _request(task_id: str, at: float) -> Any:
-    from celery_aitp.publish.request import Request
+    from celery_aitp.core.request import Request
 
     return Request("media.resize", task_id, (640, 480), {}, {"aitp_tenant": "acme"},
                    published_at=at)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from celery_aitp.publish.request import HEADER_VERSION, Decision
+from celery_aitp.core.request import HEADER_VERSION, Decision
 from celery_aitp.store.decision_log import DecisionLog
 
 

@@ -101,8 +101,8 @@ def test_entries_written_before_packing_are_found_and_trimmed(store):
 
 
 def test_decisions_reused_or_not_read_back_as_their_own_records(app, store):
+    from celery_aitp.core.request import Decision
     from celery_aitp.publish.memo import Reused, Template
-    from celery_aitp.publish.request import Decision
     from celery_aitp.telemetry.counters import Counters
 
     log = DecisionLog(store, maxlen=10_000, policy_digest="d1")

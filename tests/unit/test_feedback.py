@@ -6,11 +6,11 @@ from types import MappingProxyType
 
 import pytest
 
+from celery_aitp.core.request import Request
+from celery_aitp.core.view import View
 from celery_aitp.policy import SplitSettings, Stage, parse_policy
 from celery_aitp.priority_policy import FeedbackSettings, PlacementSettings
-from celery_aitp.publish.live_view import View
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.publish.request import Request
 from celery_aitp.scheduling.feedback import (
     Boosts,
     BoostSource,

@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from kombu import Queue
 
 import celery_aitp
+from celery_aitp.core import running
+from celery_aitp.core.request import MAX_HEADER_CHARS, Request, header_origin, read_header
 from celery_aitp.publish.hook import AUTO_ROUTE
-from celery_aitp.publish.request import MAX_HEADER_CHARS, Request, header_origin, read_header
 from celery_aitp.queues import all_tier_queues, parse_tier_queue
 from celery_aitp.store import Keys, RedisStore
-from celery_aitp.worker import running
 from tests.unit.hostile import HOSTILE, Hostile, json_values, odd_floats, odd_text, py_values
 
 POLICY: dict[str, Any] = {

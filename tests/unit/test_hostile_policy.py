@@ -17,11 +17,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from celery_aitp.cli.standalone import main
+from celery_aitp.core.request import Request
+from celery_aitp.core.view import View
 from celery_aitp.errors import PolicyError
 from celery_aitp.policy import Policy, parse_policy, read_policy_file
-from celery_aitp.publish.live_view import View
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.publish.request import Request
 from tests.unit.hostile import HOSTILE, deep_json_text, json_values, odd_bytes, odd_floats, utf8
 
 numbers = st.one_of(st.floats(0.001, 1000), odd_floats, json_values)

@@ -24,12 +24,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import celery_aitp
+from celery_aitp.core.request import read_header
 from celery_aitp.errors import ModelError
 from celery_aitp.predict.history import HistoryStore
 from celery_aitp.predict.model_store import ModelStore
 from celery_aitp.profiles.store import ProfileStore
 from celery_aitp.publish.hook import AUTO_ROUTE
-from celery_aitp.publish.request import read_header
 from celery_aitp.scheduling.usage import read_usage, usage_key
 from celery_aitp.store import Keys, RedisStore
 from celery_aitp.store.decision_log import DecisionLog

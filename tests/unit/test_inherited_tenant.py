@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from celery import signals
 
-from celery_aitp.publish.request import read_header
+from celery_aitp.core.request import read_header
 from tests.unit.conftest import make_live
 
 

@@ -9,12 +9,12 @@ import pytest
 from celery import Celery
 
 import celery_aitp
+from celery_aitp.core.request import Decision, Request, read_header
+from celery_aitp.core.view import View
 from celery_aitp.predict.bundle import ModelBundle
 from celery_aitp.predict.history import HISTORY_SOURCE, HistoryStore
 from celery_aitp.predict.model_source import MODEL_SOURCE
 from celery_aitp.predict.model_store import ModelStore
-from celery_aitp.publish.live_view import View
-from celery_aitp.publish.request import Decision, Request, read_header
 from tests.unit.conftest import make_live
 
 

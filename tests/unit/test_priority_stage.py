@@ -7,12 +7,12 @@ from types import MappingProxyType
 
 import pytest
 
+from celery_aitp.core.request import Request
+from celery_aitp.core.view import View
 from celery_aitp.policy import SplitSettings, Stage, parse_policy
 from celery_aitp.profiles.profile import ObservedProfile
 from celery_aitp.profiles.store import ProfileBook
-from celery_aitp.publish.live_view import View
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.publish.request import Request
 from celery_aitp.scheduling.size_classes import SizeClasses, size_bin
 from celery_aitp.scheduling.usage import UsageSnapshot
 from tests.conftest import TEST_POLICY
@@ -179,7 +179,7 @@ class _Running:
 
 
 def test_retries_keep_their_origin_and_age_raises_the_score():
-    from celery_aitp.worker import running
+    from celery_aitp.core import running
 
     first, _ = decide(req())
     assert first.origin_at == 1000.0 and first.factors["age"] == 0

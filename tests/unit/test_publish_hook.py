@@ -6,9 +6,9 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+from celery_aitp.core import running
+from celery_aitp.core.request import read_header
 from celery_aitp.publish.hook import AitpAMQP, AitpRouter
-from celery_aitp.publish.request import read_header
-from celery_aitp.worker import running
 from tests.unit.conftest import make_live
 
 
@@ -253,7 +253,7 @@ def test_a_first_publish_leaves_out_origin_at_and_retries_keep_the_first_time(ap
 
 
 def test_header_origin_reads_a_first_publish_time_or_nothing():
-    from celery_aitp.publish.request import header_origin
+    from celery_aitp.core.request import header_origin
 
     assert header_origin({"decided_at": 5.0}) == 5.0  # a first publish: no origin_at
     assert header_origin({"origin_at": 2, "decided_at": 5.0}) == 2.0

@@ -14,9 +14,9 @@ from celery import Celery
 from celery.app.amqp import task_message
 
 import celery_aitp
+from celery_aitp.core.request import read_header
 from celery_aitp.errors import PolicyError
 from celery_aitp.layout import AMQP_MAX_PRIORITY
-from celery_aitp.publish.request import read_header
 from celery_aitp.stubs import MemoryQueueOps
 from celery_aitp.worker.bootstep import AitpWorkerStep
 from celery_aitp.worker.janitor import Janitor

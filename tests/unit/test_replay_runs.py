@@ -6,9 +6,9 @@ import math
 
 import pytest
 
+from celery_aitp.core.request import Request
 from celery_aitp.policy import parse_policy
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.publish.request import Request
 from celery_aitp.replay.routers import ORACLE_HEADER, OraclePredictStage
 from celery_aitp.replay.runner import (
     PolicyUnderTest,
@@ -93,7 +93,7 @@ def test_oracle_stage_reads_the_true_runtime_and_ignores_bad_values():
     stage = OraclePredictStage()
     for value, expected in ((2.5, 2.5), ("2", None), (math.nan, None), (-1, None),
                             (True, None)):
-        from celery_aitp.publish.request import Decision
+        from celery_aitp.core.request import Decision
 
         decision = Decision("takeover", 0.0)
         stage(Request("t", "id", headers={ORACLE_HEADER: value}), decision, None)  # type: ignore[arg-type]

@@ -20,9 +20,9 @@ from starlette.testclient import TestClient
 import celery_aitp
 from celery_aitp.cli.celery_command import aitp
 from celery_aitp.cli.output import fail
+from celery_aitp.core.request import read_header
 from celery_aitp.dashboard.app import build_dashboard, create_app
 from celery_aitp.dashboard.config import DashboardConfig
-from celery_aitp.publish.request import read_header
 from celery_aitp.redact import MASK, redact
 from celery_aitp.store import Keys, RedisStore
 from celery_aitp.store.redis_store import translated_errors

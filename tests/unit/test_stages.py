@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from celery_aitp.core.request import Request
+from celery_aitp.core.view import View
 from celery_aitp.policy import SplitSettings, Stage, parse_policy
-from celery_aitp.publish.live_view import View
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.publish.request import Request
 from celery_aitp.publish.stages import split_bucket
 from tests.conftest import TEST_POLICY
 

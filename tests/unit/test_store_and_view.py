@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
+from celery_aitp.core.view import stage_from_doc
 from celery_aitp.policy import Policy, Stage
-from celery_aitp.publish.live_view import LiveView, stage_from_doc
+from celery_aitp.publish.live_view import LiveView
 from celery_aitp.store import Keys, RedisStore, connect
 from celery_aitp.telemetry.counters import Counters
 

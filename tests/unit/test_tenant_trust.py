@@ -11,13 +11,13 @@ import pytest
 from celery import Celery
 
 import celery_aitp
+from celery_aitp.core import running
+from celery_aitp.core.request import Decision, Request, read_header
 from celery_aitp.errors import PolicyError
 from celery_aitp.policy import parse_policy
-from celery_aitp.publish.request import Decision, Request, read_header
 from celery_aitp.publish.stages import TenantStage
 from celery_aitp.settings import resolve_settings
 from celery_aitp.store import RedisStore
-from celery_aitp.worker import running
 from tests.conftest import TEST_POLICY
 from tests.unit.conftest import make_live
 

@@ -10,10 +10,10 @@ import pytest
 from celery import Celery
 
 import celery_aitp
+from celery_aitp.core.request import Decision, Request, read_header
 from celery_aitp.errors import PolicyError
 from celery_aitp.policy import VisibilityGuardSettings, parse_policy
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.publish.request import Decision, Request, read_header
 from celery_aitp.publish.visibility_stage import (
     KOMBU_DEFAULT_VISIBILITY_TIMEOUT_S,
     VisibilityStage,

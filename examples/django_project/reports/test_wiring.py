@@ -10,7 +10,7 @@ import pytest
 import yaml
 from celery.signals import after_task_publish
 
-from celery_aitp.publish.request import read_header
+from celery_aitp.core.request import read_header
 
 POLICY_FILE = "aitp.yaml"
 

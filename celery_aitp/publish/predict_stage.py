@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from celery_aitp.core.request import Decision, Request
+from celery_aitp.core.view import View
 from celery_aitp.predict.history import EMPTY_HISTORY, HISTORY_SOURCE, HistorySource
 from celery_aitp.predict.model_source import MODEL_SOURCE, ModelSource
-from celery_aitp.publish.live_view import View
-from celery_aitp.publish.request import Decision, Request
 
 
 class FeatureStage:

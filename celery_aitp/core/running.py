@@ -14,7 +14,7 @@ from typing import Any
 
 from celery import signals
 
-from celery_aitp.publish.request import header_origin, read_header
+from celery_aitp.core.request import header_origin, read_header
 
 
 class _Running(threading.local):
