@@ -20,10 +20,11 @@ from kombu import Queue
 from celery_aitp.core.request import Decision, Request
 from celery_aitp.core.running import current_tenant
 from celery_aitp.core.view import View
-from celery_aitp.errors import PolicyError
+from celery_aitp.errors import PolicyError, StoreError
 from celery_aitp.layout import Layout, layout_for
 from celery_aitp.policy import Policy
-from celery_aitp.policy_history import PolicyRecorder, describe_source
+from celery_aitp.policy_history import PolicyRecorder, describe_source, policy_digest
+from celery_aitp.policy_live import ACTIVE_POLICY_SOURCE, ActivePolicySource, active_policy
 from celery_aitp.publish.caller_priority import keeps_celery_route, tier_priority
 from celery_aitp.publish.hook import AUTO_ROUTE
 from celery_aitp.publish.live_view import LiveView
@@ -104,6 +105,8 @@ class Middleware:
         self._config_error_reported = False
         self._priority_route_reported = False
         self._bad_headers_reported: set[str] = set()
+        self._swapped_stages: dict[str, Any] = {}  # use_stage(), kept across policy changes
+        self._refused_policy: str | None = None  # an active digest this process rejected
 
     # --- lazily built parts -------------------------------------------------------
 
@@ -136,6 +139,8 @@ class Middleware:
             live.add_source(source)
         live.set_writer(self.store.keys.decisions, self.decision_log.append)
         live.add_flusher(self.policy_recorder)
+        live.add_source(ActivePolicySource())
+        live.on_refresh(self._follow_active_policy)
         return live
 
     @cached_property
@@ -201,12 +206,71 @@ class Middleware:
         Sources the new stage declares are registered with the live view if it exists
         already; otherwise the view picks them up when it is built.
         """
+        self._swapped_stages[name] = stage
         self.pipeline = self.pipeline.replace(name, stage)
         self.__dict__.pop("memo", None)  # rebuilt for the new stages (or none)
         if "live" in self.__dict__:
             for source in getattr(stage, "sources", ()):
                 if not self.live.has_source(source.name):
                     self.live.add_source(source)
+
+    # --- the live policy (celery_aitp.policy_live) ----------------------------------
+
+    def _follow_active_policy(self, view: View) -> None:
+        """After each refresh: adopt the policy applied to the fleet if it is not ours."""
+        digest = view.sources.get(ACTIVE_POLICY_SOURCE)
+        if digest is None or digest in (self.policy_digest, self._refused_policy):
+            return
+        try:
+            policy = active_policy(self.store)
+        except StoreError:
+            return  # tried again next round
+        except PolicyError as exc:
+            self._refuse_policy(digest, exc)
+            return
+        if policy is not None:
+            try:
+                self.adopt_policy(policy, f"policy apply ({digest})")
+            except PolicyError as exc:
+                self._refuse_policy(digest, exc)
+
+    def _refuse_policy(self, digest: str, exc: Exception) -> None:
+        self._refused_policy = digest
+        self.counters.incr("policy_refused")
+        logger.error("aitp: keeping policy %s; the applied policy %s is refused here: %s",
+                     self.policy_digest, digest, redact(exc))
+
+    def adopt_policy(self, policy: Policy, origin: str) -> None:
+        """Decide by ``policy`` from now on: settings, pipeline (with any swapped-in
+        stages), memo and decision log are rebuilt, and the live view fetches the new
+        stages' sources. Raises PolicyError if this process's settings reject it (e.g.
+        its ``aitp_producer_tenant`` is not a tenant of it); then nothing changes."""
+        if policy_digest(policy) == self.policy_digest:
+            return
+        try:
+            settings = type(self.settings).model_validate(
+                {**dict(self.settings), "policy": policy})
+        except ValueError as exc:  # pydantic's ValidationError
+            raise PolicyError(str(exc)) from None
+        with self._lock:
+            self.__dict__["settings"] = settings
+            self._policy_origin = origin
+            for name in ("pipeline", "memo", "decision_log", "policy_recorder",
+                         "policy_digest", "_visibility_queue"):
+                self.__dict__.pop(name, None)
+            pipeline = self.pipeline
+            for name, stage in self._swapped_stages.items():
+                pipeline = pipeline.replace(name, stage)
+            self.pipeline = pipeline
+            self.policy_recorder.done = True  # apply recorded it; a start would not
+            live = self.__dict__.get("live")
+            if live is not None:
+                live.policy = policy
+                for source in pipeline.sources():
+                    live.put_source(source)
+                live.set_writer(self.store.keys.decisions, self.decision_log.append)
+        self.counters.incr("policy_adopted")
+        logger.info("aitp: now deciding by policy %s (%s)", self.policy_digest, origin)
 
     @property
     def default_queue(self) -> str:

@@ -30,8 +30,11 @@ from celery_aitp.store.redis_store import (
 
 logger = logging.getLogger(__name__)
 
-#: KEYS[1] history list; ARGV: digest, entry JSON, limit. Returns 1 when appended.
+#: KEYS[1] history list, KEYS[2] the applied policy's digest (celery_aitp.policy_live);
+#: ARGV: digest, entry JSON, limit. Returns 1 when appended. Once a policy has been
+#: applied, the fleet follows it and a process's own starting policy is not a change.
 _RECORD = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local newest = redis.call('LINDEX', KEYS[1], 0)
 if newest then
   local ok, doc = pcall(cjson.decode, newest)
@@ -83,7 +86,8 @@ class PolicyRecorder:
         """Append if the newest entry has another digest; True if appended."""
         with translated_errors():
             script = store.client.register_script(_RECORD)
-            added = script(keys=[store.keys.policy_history],
+            added = script(keys=[store.keys.policy_history,
+                                 store.keys.any("policy", "active", "digest")],
                            args=[self.digest, json.dumps(self.entry()), HISTORY_LIMIT])
         return bool(added)
 

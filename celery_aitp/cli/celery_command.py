@@ -45,7 +45,7 @@ COMMANDS = (
     "celery_aitp.cli.report",
     "celery_aitp.cli.guard",
     "celery_aitp.cli.explain",
-    "celery_aitp.cli.policy_history",
+    "celery_aitp.cli.policy",
     "celery_aitp.cli.dashboard",
 )
 

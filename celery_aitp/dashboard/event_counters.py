@@ -78,6 +78,10 @@ EVENT_COUNTERS: dict[str, EventCounter] = {
     "aitp_explicit_priority_total": EventCounter(
         "Tasks that kept Celery's route for a message priority of their own (RabbitMQ, "
         "where a tier queue's priority is the tier).", keys={"explicit_priority": ""}),
+    "aitp_policy_changes_total": EventCounter(
+        "Processes that switched to the policy applied to the fleet (adopted), or kept "
+        "their own because their settings reject it (refused).", "outcome",
+        {"policy_adopted": "adopted", "policy_refused": "refused"}),
     OTHER_EVENTS: EventCounter(
         "Fleet counters this dashboard version has no named metric for (a newer producer "
         "or worker wrote them).", "event"),

@@ -108,6 +108,16 @@ class LiveView:
         self._view = View(view.live_queues, view.stage, view.split, view.fresh,
                           view.model_version, view.fetched_at, MappingProxyType(values))
 
+    def put_source(self, source: Source) -> None:
+        """Fetch ``source`` from now on, in place of the one with its name if any (a
+        pipeline rebuilt for a new policy brings new sources); it keeps that one's
+        last value until its first fetch."""
+        for i, old in enumerate(self._sources):
+            if old.name == source.name:
+                self._sources[i] = source
+                return
+        self.add_source(source)
+
     def on_refresh(self, listener: Listener) -> None:
         """Call ``listener(view)`` after every successful refresh (e.g. model reload).
 

@@ -128,10 +128,10 @@ def noop() -> None:
 
 @app.task(shared=False, bind=True)
 def probe(self, sleep: float = 0.0) -> dict:
-    """The stage this pool process sees in its own live view, and when."""
+    """The stage and policy this pool process sees in its own live view, and when."""
     time.sleep(sleep)
     return {"pid": os.getpid(), "stage": app.aitp.live.current().stage.value,
-            "at": time.time()}
+            "policy": app.aitp.policy_digest, "at": time.time()}
 
 
 @app.task(shared=False, bind=True, ignore_result=True, aitp={"tier": "hi"},

@@ -1,0 +1,167 @@
+"""The live policy: apply, diff, rollback and history; every process follows the applied one."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from celery_aitp.cli.celery_command import aitp
+from celery_aitp.errors import PolicyError
+from celery_aitp.policy import parse_policy
+from celery_aitp.policy_history import policy_digest, policy_history
+from celery_aitp.policy_live import active_policy, apply_policy, read_active
+from tests.conftest import TEST_POLICY
+from tests.unit.conftest import make_live
+
+#: TEST_POLICY with globex allowed up to hi (it is capped at mid in TEST_POLICY).
+GLOBEX_HI = {**TEST_POLICY, "tenants": {**TEST_POLICY["tenants"],
+                                        "globex": {"max_tier": "hi"}}}
+
+
+def cli(app: Any, *args: str) -> Any:
+    return CliRunner().invoke(aitp, list(args), obj=type("Ctx", (), {"app": app})())
+
+
+def policy_file(tmp_path: Any, doc: dict[str, Any], name: str = "policy.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def tier_of_urgent(app: Any, tenant: str) -> str:
+    """Publish the task declaring tier hi for ``tenant``; the tier it was given."""
+    app.tasks["tests.unit.conftest.urgent"].apply_async((1,), headers={"aitp_tenant": tenant})
+    app.aitp.live.flush()
+    store = app.aitp.store
+    return store.read_records(store.keys.decisions)[-1]["tier"]
+
+
+def test_apply_is_audited_and_every_process_follows_at_its_next_round(app, store, tmp_path,
+                                                                      monkeypatch):
+    make_live(store, "aitp.globex.cpu.hi", "aitp.globex.cpu.mid")
+    app.aitp.live.refresh()
+    assert tier_of_urgent(app, "globex") == "mid"  # capped by the policy it started with
+    monkeypatch.setenv("AITP_ACTOR", "ops-alice")
+
+    out = cli(app, "policy", "apply", policy_file(tmp_path, GLOBEX_HI),
+              "--reason", "globex bought the hi tier")
+    assert out.exit_code == 0, out.output
+    entry = read_active(store)
+    assert entry is not None and entry["who"] == "ops-alice"
+    assert entry["reason"] == "globex bought the hi tier" and entry["action"] == "apply"
+    assert policy_history(store)[0]["digest"] == entry["digest"] == policy_digest(
+        parse_policy(GLOBEX_HI))
+
+    app.aitp.live.refresh()  # the background round: the digest differs, so it adopts
+    assert app.aitp.policy_digest == entry["digest"]
+    assert tier_of_urgent(app, "globex") == "hi"
+    store_record = store.read_records(store.keys.decisions)[-1]
+    assert store_record["policy"] == entry["digest"]  # decisions name the policy that made them
+    assert app.aitp.counters.drain().get("policy_adopted") == 1 or \
+        store.counts().get("policy_adopted") == 1
+
+
+def test_rollback_applies_the_previous_version_again(app, store, tmp_path):
+    make_live(store, "aitp.globex.cpu.hi", "aitp.globex.cpu.mid")
+    app.aitp.live.refresh()
+    app.aitp.live.flush()  # the app's own policy: the initial version in the history
+    first = app.aitp.policy_digest
+    assert cli(app, "policy", "apply", policy_file(tmp_path, GLOBEX_HI)).exit_code == 0
+    app.aitp.live.refresh()
+    assert tier_of_urgent(app, "globex") == "hi"
+
+    out = cli(app, "policy", "rollback", "--reason", "too many hi tasks")
+    assert out.exit_code == 0, out.output
+    entry = read_active(store)
+    assert entry is not None and entry["digest"] == first and entry["action"] == "rollback"
+    app.aitp.live.refresh()
+    assert app.aitp.policy_digest == first
+    assert tier_of_urgent(app, "globex") == "mid"
+    actions = [h.get("action", "start") for h in policy_history(store)]
+    assert actions == ["rollback", "apply", "start"]
+
+
+def test_rollback_with_nothing_earlier_says_so(app, store):
+    out = cli(app, "policy", "rollback")
+    assert out.exit_code != 0 and "no an earlier version" not in out.output
+    assert "earlier version" in out.output
+
+
+def test_diff_shows_the_change_and_exits_1(app, store, tmp_path):
+    path = policy_file(tmp_path, GLOBEX_HI)
+    out = cli(app, "policy", "diff", path)
+    assert out.exit_code == 1
+    assert '-      "max_tier": "mid"' in out.output and '+      "max_tier": "hi"' in out.output
+    same = cli(app, "policy", "diff", policy_file(tmp_path, TEST_POLICY, "same.yaml"))
+    assert same.exit_code == 0 and "no difference" in same.output
+
+
+def test_a_change_of_tiers_is_refused_with_the_reason(app, store, tmp_path):
+    two_tiers = {**TEST_POLICY, "tiers": [{"name": "hi", "sla_s": 1}, {"name": "lo", "sla_s": 60}],
+                 "tenants": {"acme": {"max_tier": "hi"}, "default": {"max_tier": "lo"}}}
+    out = cli(app, "policy", "apply", policy_file(tmp_path, two_tiers))
+    assert out.exit_code != 0
+    assert "tiers" in out.output and "rolling restart" in out.output
+    assert read_active(store) is None
+
+
+def test_an_invalid_file_is_refused_by_field(app, store, tmp_path):
+    bad = {**TEST_POLICY, "tenants": {"acme": {"max_tier": "top"}}}
+    out = cli(app, "policy", "apply", policy_file(tmp_path, bad))
+    assert out.exit_code != 0 and "tenants.acme" in out.output
+    assert read_active(store) is None
+
+
+def test_a_process_whose_settings_reject_the_policy_keeps_its_own(app, store):
+    app.aitp.settings.__dict__["producer_tenant"] = "globex"  # this producer is globex's
+    own = app.aitp.policy_digest
+    without_globex = {**TEST_POLICY, "tenants": {"acme": {"max_tier": "hi"},
+                                                 "default": {"max_tier": "lo"}}}
+    apply_policy(store, parse_policy(without_globex), app.aitp.policy, source="test",
+                 reason=None)
+    app.aitp.live.refresh()
+    assert app.aitp.policy_digest == own
+    app.aitp.live.refresh()  # refused once, not retried every round
+    assert app.aitp.counters.drain().get("policy_refused") == 1 or \
+        store.counts().get("policy_refused") == 1
+
+
+def test_a_stored_document_that_does_not_validate_is_refused_not_raised(app, store):
+    store.client.set(store.keys.any("policy", "active"), json.dumps(
+        {"digest": "0" * 16, "policy": {"tiers": "nonsense"}}))
+    store.client.set(store.keys.any("policy", "active", "digest"), "0" * 16)
+    with pytest.raises(PolicyError):
+        active_policy(store)
+    own = app.aitp.policy_digest
+    app.aitp.live.refresh()
+    assert app.aitp.policy_digest == own
+    assert tier_of_urgent(app, "acme") == "hi"  # publishing goes on
+
+
+def test_a_restarted_process_adopts_the_applied_policy_and_adds_no_history(app, store):
+    apply_policy(store, parse_policy(GLOBEX_HI), app.aitp.policy, source="test", reason="r")
+    app.aitp.live.refresh()  # first round of a process started with TEST_POLICY
+    app.aitp.live.flush()
+    assert app.aitp.policy_digest == policy_digest(parse_policy(GLOBEX_HI))
+    assert [h["digest"] for h in policy_history(store)] == [app.aitp.policy_digest]
+
+
+def test_swapped_stages_survive_a_policy_change(app, store):
+    class Marker:
+        name = "priority"
+        calls = 0
+
+        def __call__(self, request: Any, decision: Any, view: Any) -> None:
+            Marker.calls += 1
+            decision.tier = "lo"
+
+    app.aitp.use_stage("priority", Marker())
+    apply_policy(store, parse_policy(GLOBEX_HI), app.aitp.policy, source="test", reason=None)
+    app.aitp.live.refresh()
+    assert app.aitp.policy_digest == policy_digest(parse_policy(GLOBEX_HI))
+    app.tasks["tests.unit.conftest.plain"].delay(1)
+    assert Marker.calls >= 1
