@@ -85,7 +85,7 @@ class Variant:
             found = dict(opts.get("headers") or {})
             found["aitp"] = header_json(prefix, time.time())
             opts["headers"] = found
-            mw._send_to_tier(opts, queue)
+            mw.annotator.send_to_tier(opts, queue)
             return opts
 
         mw.on_publish = on_publish

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from functools import cached_property, partial
+from functools import cached_property
 from typing import Any
 
 from kombu import Queue
@@ -25,23 +25,20 @@ from celery_aitp.layout import Layout, layout_for
 from celery_aitp.policy import Policy
 from celery_aitp.policy_history import PolicyRecorder, describe_source, policy_digest
 from celery_aitp.policy_live import ACTIVE_POLICY_SOURCE, ActivePolicySource, active_policy
-from celery_aitp.publish.caller_priority import keeps_celery_route, tier_priority
+from celery_aitp.publish.annotate import EXPLICIT_FALLBACKS, Annotator, queue_name
+from celery_aitp.publish.caller_priority import keeps_celery_route
 from celery_aitp.publish.hook import AUTO_ROUTE
 from celery_aitp.publish.live_view import LiveView
 from celery_aitp.publish.memo import DecisionMemo, Reused
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.publish.stages import GATED_REASONS
 from celery_aitp.publish.visibility_stage import (
     REDIS_DRIVERS,
-    VISIBILITY_REASONS,
     visibility_timeout_s,
 )
-from celery_aitp.queues import parse_tier_queue
 from celery_aitp.redact import redact
 from celery_aitp.settings import Settings, resolve_settings
 from celery_aitp.store import Keys, RedisStore, connect
 from celery_aitp.store.decision_log import DecisionLog
-from celery_aitp.telemetry.buffer import RecordBuffer
 from celery_aitp.telemetry.counters import Counters
 
 logger = logging.getLogger(__name__)
@@ -50,30 +47,7 @@ logger = logging.getLogger(__name__)
 DECLARABLE = frozenset(
     {"accelerator", "tier", "memory_mb", "cpu", "labels", "runtime_hint_s", "impact"}
 )
-#: Explicit tier-queue publishes that go to the default queue instead.
-_TO_DEFAULT = frozenset({"explicit_queue_dead", "explicit_queue_standard"})
 _REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "socket://", "unix://")
-
-
-def explicit_queue_fallback(decision: Decision, tier_queue: bool, live: bool) -> None:
-    """Turn the pipeline's decision for a task someone routed into Celery's route, and
-    say why: its own queue; or, for a tier queue (``tier_queue``), the default queue
-    when no live worker serves it (``live``) or the stage does not route the task now
-    (rolled back, or the split's other arm)."""
-    gated = decision.reason in GATED_REASONS
-    decision.fall_back("explicit_queue")
-    if tier_queue:
-        if not live:
-            decision.reason = "explicit_queue_dead"
-        elif gated:
-            decision.reason = "explicit_queue_standard"
-
-
-#: The fallback for each (tier queue, live) pair, made once.
-_EXPLICIT_FALLBACKS = {
-    (tier, live): partial(explicit_queue_fallback, tier_queue=tier, live=live)
-    for tier in (False, True) for live in (False, True)
-}
 
 
 def store_url_for(settings: Settings, broker_url: str | None) -> str:
@@ -100,11 +74,9 @@ class Middleware:
         self.counters = Counters()
         self._declared: dict[str, Mapping[str, Any]] = {}
         self._queues: dict[str, Queue] = {}
-        self._tier_targets: dict[str, tuple[Queue, int | None]] = {}  # name -> (queue, priority)
         self._lock = threading.Lock()
         self._config_error_reported = False
         self._priority_route_reported = False
-        self._bad_headers_reported: set[str] = set()
         self._swapped_stages: dict[str, Any] = {}  # use_stage(), kept across policy changes
         self._refused_policy: str | None = None  # an active digest this process rejected
 
@@ -256,7 +228,7 @@ class Middleware:
             self.__dict__["settings"] = settings
             self._policy_origin = origin
             for name in ("pipeline", "memo", "decision_log", "policy_recorder",
-                         "policy_digest", "_visibility_queue"):
+                         "policy_digest", "_visibility_queue", "annotator"):
                 self.__dict__.pop(name, None)
             pipeline = self.pipeline
             for name, stage in self._swapped_stages.items():
@@ -336,9 +308,9 @@ class Middleware:
                            redact(repr(exc)))
         try:
             if isinstance(decision, Reused):
-                self._apply_reused(decision, options)
+                self.annotator.apply_reused(decision, options)
             else:
-                self._apply(decision, options, auto)
+                self.annotator.apply(decision, options)
         except Exception as exc:  # pragma: no cover - defensive: publish must go on
             self.counters.incr("apply_errors")
             logger.error("aitp: could not annotate %s: %s", name, redact(repr(exc)))
@@ -373,7 +345,7 @@ class Middleware:
         variant = finish = None
         if not auto:  # someone routed it: it keeps its queue, the decision says why
             variant = self._explicit_variant(request.explicit_queue, view, layout)
-            finish = _EXPLICIT_FALLBACKS[variant]
+            finish = EXPLICIT_FALLBACKS[variant]
         memo = self.memo
         if memo is not None:
             return memo.decide(request, view, now, variant, finish)
@@ -401,7 +373,7 @@ class Middleware:
         task_id = msg_headers.get("id")
         if type(task_id) is not str:
             task_id = str(task_id or "")
-        explicit = None if auto else _queue_name(options.get("queue"))
+        explicit = None if auto else queue_name(options.get("queue"))
         declared = self._declared.get(name)
         if declared is None:
             declared = self.declared(name)
@@ -413,92 +385,15 @@ class Middleware:
         """(a tier queue?, served by a live worker?) for a task sent to queue
         ``explicit``: all its explicit-queue fallback depends on. A tier queue named
         explicitly is almost always a retry staying put."""
-        if explicit and self._is_tier_destination(explicit):
+        if explicit and self.annotator.is_tier_destination(explicit):
             return True, self.physical_is_live(layout.physical(explicit), view.live_queues)
         return False, False
 
-    def _is_tier_destination(self, name: str) -> bool:
-        return parse_tier_queue(name) is not None or self.layout.is_tier_destination(name)
-
     @cached_property
-    def _decision_records(self) -> RecordBuffer:
-        return self.live.buffer(self.store.keys.decisions)
-
-    def _headers(self, options: dict[str, Any], task: str) -> dict[str, Any]:
-        """A copy of the caller's headers to add ours to (replaced if unusable)."""
-        raw = options.get("headers")
-        headers = raw.copy() if type(raw) is dict else _caller_headers(raw)
-        if headers is None:  # not a mapping, or one that cannot be read: replaced
-            self.counters.incr("rejected:headers")
-            if task not in self._bad_headers_reported and \
-                    len(self._bad_headers_reported) < 1000:  # once per task name
-                self._bad_headers_reported.add(task)
-                logger.warning("aitp: %s: ignoring headers= that is not a readable mapping "
-                               "(counted as rejected:headers)", task)
-            headers = {}
-        options["headers"] = headers
-        return headers
-
-    def _apply_reused(self, reused: Reused, options: dict[str, Any]) -> None:
-        """``_apply`` for a kept decision: header, record, counters and route as the
-        decision it copies had them (always auto-routed; never a visibility divert)."""
-        template = reused.template
-        self._headers(options, template.task)["aitp"] = reused.header()
-        self._decision_records.add(reused)
-        template.tally.append(None)  # counts template.counter, without a lock
-        for note in template.notes:
-            self.counters.incr(note)
-        if template.routed:
-            self._send_to_tier(options, template.queue)
-        else:
-            self._route_fallback(options, template.reason)
-
-    def _apply(self, decision: Decision, options: dict[str, Any], auto: bool) -> None:
-        self._headers(options, decision.task)["aitp"] = decision.header()
-        # The Decision itself is buffered: the refresher builds its record off this path
-        # (not when misconfigured: there is no store to build it for).
-        if decision.reason != "config_error":
-            self._decision_records.add(decision)
-        counters = self.counters
-        counters.incr(decision.counter())
-        for note in decision.notes:
-            counters.incr(note)
-        if decision.routed:
-            self._send_to_tier(options, decision.queue or "")
-        else:
-            self._route_fallback(options, decision.reason)
-
-    def _route_fallback(self, options: dict[str, Any], reason: str) -> None:
-        """Where a task the middleware does not route goes, by the decision's reason:
-        Celery's route as it is, the default queue, or the visibility guard's queue."""
-        if reason in _TO_DEFAULT:
-            options["queue"] = self.default_queue
-            _drop_destination(options)
-        elif reason in VISIBILITY_REASONS:
-            options["queue"] = self._visibility_queue
-            _drop_destination(options)
-        elif reason == "explicit_queue":
-            explicit = _queue_name(options.get("queue"))
-            if explicit and self._is_tier_destination(explicit):
-                # e.g. a retry (Celery re-sends it to the queue it came from): declare it
-                # as workers do; on RabbitMQ a logical name gives the tier's priority
-                priority = options.get("priority")
-                self._send_to_tier(options, explicit)
-                if parse_tier_queue(explicit) is None and priority is not None:
-                    options["priority"] = priority
-
-    def _send_to_tier(self, options: dict[str, Any], name: str) -> None:
-        found = self._tier_targets.get(name)
-        if found is None:
-            # the caller's priority on Redis, the tier's on RabbitMQ (caller_priority.py)
-            found = self._tier_targets[name] = (self.queue(name),
-                                                tier_priority(self.layout, name))
-        options["queue"], priority = found
-        if priority is not None:
-            options["priority"] = priority
-        options.pop("exchange", None)  # Celery takes them from the queue (as in
-        options.pop("routing_key", None)  # _drop_destination, unrolled: once per publish)
-        options.pop("exchange_type", None)
+    def annotator(self) -> Annotator:
+        """Carries decisions out on the publish options (header, record, route)."""
+        return Annotator(self.layout, self.queue, self.default_queue, self._visibility_queue,
+                         lambda: self.live.buffer(self.store.keys.decisions), self.counters)
 
     def close(self) -> None:
         """Flush telemetry and stop the refresher (process shutdown)."""
@@ -515,20 +410,6 @@ def transport_driver(app: Any) -> str:
         conn.release()
 
 
-def _caller_headers(raw: Any) -> dict[str, Any] | None:
-    """A copy of the caller's headers (theirs is never changed); None if unusable."""
-    if raw is None:
-        return {}
-    if type(raw) is dict:
-        return dict(raw)
-    if isinstance(raw, Mapping):
-        try:
-            return dict(raw)
-        except Exception:
-            return None
-    return None
-
-
 def _task_id(message: Any) -> str:
     """The message's task id for a fallback record; never raises, whatever the message."""
     try:
@@ -539,12 +420,3 @@ def _task_id(message: Any) -> str:
         return ""
 
 
-def _drop_destination(options: dict[str, Any]) -> None:
-    for key in ("exchange", "routing_key", "exchange_type"):
-        options.pop(key, None)
-
-
-def _queue_name(queue: Any) -> str | None:
-    if queue is None:
-        return None
-    return str(getattr(queue, "name", queue))

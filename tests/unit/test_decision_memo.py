@@ -108,7 +108,7 @@ def without_time(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def records(app: Any) -> list[dict[str, Any]]:
-    buffer = app.aitp._decision_records
+    buffer = app.aitp.annotator.records
     return [without_time(item.record()) for item in buffer.take()]
 
 
@@ -246,7 +246,7 @@ def test_tasks_the_memo_cannot_vouch_for_run_the_pipeline(pair, store, case,
     for i in range(3):
         publish(on, i, task, args, kwargs, headers, **extra)
     assert len(runs) == 3 and len(on.aitp.memo) == 0
-    assert not any(isinstance(item, Reused) for item in on.aitp._decision_records.take())
+    assert not any(isinstance(item, Reused) for item in on.aitp.annotator.records.take())
 
 
 @pytest.mark.parametrize("guard", [False, True])
