@@ -97,9 +97,11 @@ class PrioritySettings(_Section):
 class PlacementSettings(_Section):
     """Tiers as size classes (``scheduling/size_classes.py``): short work goes first."""
 
-    window_s: float = Field(
-        default=120.0, gt=0, le=86_400,
-        description="Half-life of the recent effective sizes the tier boundaries follow.")
+    window_tasks: float = Field(
+        default=1000.0, ge=10, le=10_000_000,
+        description="Half-life, in placed tasks, of the recent effective sizes the tier "
+                    "boundaries follow: counted in tasks, not seconds, so the window holds "
+                    "the same mix at ten tasks a second or one an hour.")
     load: float = Field(
         default=0.95, gt=0, lt=1,
         description="Utilisation the boundaries are tuned for (they matter under load).")

@@ -2,13 +2,20 @@
 
 The priority stage appends ``(accelerator, effective size)`` for every task it places to
 :attr:`SizeSource.pending` (a deque append). Every ``placement.refresh_s`` the refresher
-adds them to one decaying store hash (``sizes``, half-life ``placement.window_s``; per
-size bin the fields ``<accelerator>:<bin>`` (count), ``...:w`` (work) and ``...:i`` (sum
-of 1/size)) and reads the whole hash back in the same round trip, so every
+adds them to one decaying store hash (``sizes``; per size bin the fields
+``<accelerator>:<bin>`` (count), ``...:w`` (work) and ``...:i`` (sum of 1/size)) and
+reads the whole hash back in the same round trip, so every
 producer sees the whole fleet's recent mix and draws the same boundaries from it
 (:func:`~celery_aitp.scheduling.size_classes.best_cuts`). The value it publishes, a
 :class:`~celery_aitp.scheduling.size_classes.SizeClasses`, is replaced only when some
 boundary moves: decisions depend on it as a whole.
+
+The sums decay by tasks placed, not by seconds: their clock is ``_n``, the number of
+placements the fleet has added (half-life ``placement.window_tasks``), advanced inside
+the store's atomic add, so every producer stamps its batch with the same clock. A time
+window would hold a few tasks of a batch system that submits one job every few minutes
+(too few to draw boundaries from, ever) and tens of thousands of a busy API; a window of
+tasks holds the same recent mix at any rate.
 """
 
 from __future__ import annotations
@@ -59,11 +66,24 @@ def histograms(values: Mapping[str, float]) -> dict[str, Histogram]:
     return found
 
 
-def read_sizes(store: RedisStore, now: float | None = None) -> dict[str, Histogram]:
-    """The fleet's size histograms as of ``now`` (for the dashboard and explain)."""
+#: The hash field counting every placement added: the decay's clock.
+CLOCK_FIELD = "_n"
+
+
+def current_histograms(fields: Mapping[str, str]) -> tuple[dict[str, Histogram], float]:
+    """The histograms a ``sizes`` hash holds, decayed to its own clock, and the clock."""
+    try:
+        clock = float(fields.get(CLOCK_FIELD, 0.0))
+    except ValueError:
+        clock = 0.0
+    return histograms(decayed_values(fields, clock)[0]), clock
+
+
+def read_sizes(store: RedisStore) -> dict[str, Histogram]:
+    """The fleet's size histograms (for the dashboard and explain)."""
     with translated_errors():
         raw = store.client.hgetall(sizes_key(store))
-    return histograms(decayed_values(decode_hash(raw), time.time() if now is None else now)[0])
+    return current_histograms(decode_hash(raw))[0]
 
 
 def classes_for(hists: Mapping[str, Histogram], previous: SizeClasses, tiers: int,
@@ -109,7 +129,8 @@ class SizeSource:
             accelerator, seconds = pending.popleft()
             size = max(seconds, SMALLEST_S)
             field = f"{accelerator}:{size_bin(size)}"
-            for name, amount in ((field, 1.0), (f"{field}:w", size), (f"{field}:i", 1 / size)):
+            for name, amount in ((field, 1.0), (f"{field}:w", size), (f"{field}:i", 1 / size),
+                                 (CLOCK_FIELD, 1.0)):
                 amounts[name] = amounts.get(name, 0.0) + amount
         return amounts
 
@@ -123,13 +144,13 @@ class SizeSource:
             with translated_errors():
                 pipe = store.client.pipeline(transaction=False)
                 if amounts:
-                    DecayedSums(store).add(pipe, sizes_key(store), amounts, now,
-                                           self.settings.window_s)
+                    DecayedSums(store).add(pipe, sizes_key(store), amounts, 0.0,
+                                           self.settings.window_tasks, clock_field=CLOCK_FIELD)
                 pipe.hgetall(sizes_key(store))
                 raw = pipe.execute()[-1]
         except Exception:
             self._carry = amounts  # sent with the next round (a sum: bounded in size)
             raise
-        hists = histograms(decayed_values(decode_hash(raw), now)[0])
+        hists = current_histograms(decode_hash(raw))[0]
         return classes_for(hists, previous if isinstance(previous, SizeClasses)
                            else SizeClasses(), self.tiers, self.settings)

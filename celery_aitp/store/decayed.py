@@ -10,6 +10,10 @@ drops fields that have decayed to nothing, so a hash only holds what still matte
 
 Fields whose name starts with ``_`` do not decay: ``_ref`` and ``_hl`` (metadata) and any
 raw counter a writer adds (e.g. ``_n``, the number of samples ever added).
+
+The clock need not be time: with ``clock_field``, "now" is that raw counter of the hash
+after the add (e.g. samples added so far), read inside the script, so sums decay by
+count and every writer stamps its samples with the same clock.
 """
 
 from __future__ import annotations
@@ -20,13 +24,20 @@ from typing import Any
 
 from celery_aitp.store.redis_store import RedisStore, translated_errors
 
-#: KEYS[1] the hash. ARGV: half-life s, ttl s (0: none), now, then field/amount pairs
-#: (fields starting with '_' are added as they are, the others decayed).
+#: KEYS[1] the hash. ARGV: half-life, ttl s (0: none), now (a number, or the name of the
+#: raw field that is the clock), then field/amount pairs (fields starting with '_' are
+#: added as they are, the others decayed).
 _ADD = """
 local key = KEYS[1]
 local hl = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local now = tonumber(ARGV[3])
+if not now then
+  now = tonumber(redis.call('HGET', key, ARGV[3])) or 0
+  for i = 4, #ARGV, 2 do
+    if ARGV[i] == ARGV[3] then now = now + tonumber(ARGV[i + 1]) end
+  end
+end
 local meta = redis.call('HMGET', key, '_ref', '_hl')
 local ref = tonumber(meta[1])
 local old_hl = tonumber(meta[2])
@@ -77,9 +88,14 @@ class DecayedSums:
         self._script = store.client.register_script(_ADD)
 
     def add(self, pipe: Any, key: str, amounts: Mapping[str, float], now: float,
-            half_life_s: float, ttl_s: float = 0.0) -> None:
-        """Queue an atomic add on ``pipe`` (a redis pipeline); nothing is sent yet."""
-        args: list[Any] = [repr(float(half_life_s)), repr(float(ttl_s)), repr(float(now))]
+            half_life_s: float, ttl_s: float = 0.0, clock_field: str | None = None) -> None:
+        """Queue an atomic add on ``pipe`` (a redis pipeline); nothing is sent yet. With
+        ``clock_field`` (a ``_`` field), that counter after the add is "now", and
+        ``now`` and ``half_life_s`` are in its units."""
+        if clock_field is not None and not clock_field.startswith("_"):
+            raise ValueError(f"clock_field {clock_field!r}: a raw field (starting with _)")
+        args: list[Any] = [repr(float(half_life_s)), repr(float(ttl_s)),
+                           clock_field or repr(float(now))]
         for field, amount in amounts.items():
             args += [field, repr(float(amount))]
         self._script(keys=[key], args=args, client=pipe)

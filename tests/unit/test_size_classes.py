@@ -89,7 +89,7 @@ def test_boundaries_stay_unless_new_ones_are_clearly_better():
 
 
 def test_every_producer_sees_the_whole_fleets_mix(store):
-    settings = PlacementSettings(refresh_s=0.001, min_samples=10)
+    settings = PlacementSettings(refresh_s=0.001, min_samples=10, window_tasks=1e6)
     clock = iter(float(t) for t in range(1000, 2000)).__next__
     a, b = SizeSource(settings, 3, clock), SizeSource(settings, 3, clock)
     a.pending.extend(("cpu", s) for s in bimodal(500) if s < 0.1)  # short only
@@ -98,16 +98,51 @@ def test_every_producer_sees_the_whole_fleets_mix(store):
     both = b.fetch(store, SizeClasses())
     assert "cpu" in both.cuts and first != both
     assert a.fetch(store, first) == both  # now a sees b's long tasks too
-    hist = read_sizes(store, now=1003.0)["cpu"]
+    hist = read_sizes(store)["cpu"]
     assert hist.total == pytest.approx(500, rel=0.05)
     assert sum(hist.work) == pytest.approx(sum(bimodal(500)), rel=0.05)
 
 
+def test_the_window_counts_tasks_not_seconds(store):
+    """One task an hour still forms boundaries; a changed mix takes over after about a
+    window of tasks, however long that took."""
+    settings = PlacementSettings(refresh_s=0.001, min_samples=20, window_tasks=100)
+    hours = iter(float(3600 * t) for t in range(1, 100_000)).__next__
+    source = SizeSource(settings, 3, hours)
+    classes = SizeClasses()
+    for size in bimodal(60):  # one task per round, an hour apart
+        source.pending.append(("cpu", size))
+        classes = source.fetch(store, classes)
+    assert "cpu" in classes.cuts  # a time window of minutes would hold ~nothing
+    hist = read_sizes(store)["cpu"]
+    assert 40 < hist.total <= 60  # 60 tasks, the oldest worth 2 ** (-60 / 100)
+    for size in bimodal(600, seed=2):  # the same mix, ten times longer
+        source.pending.append(("cpu", size * 10))
+        classes = source.fetch(store, classes)
+    assert classes.bounds["cpu"][0] > 0.1  # the boundary followed the new mix
+    hist = read_sizes(store)["cpu"]
+    old_share = sum(hist.counts[: size_bin(0.06)]) / hist.total
+    assert old_share < 0.03  # 600 tasks = 6 half-lives: the old mix is about gone
+
+
+def test_two_producers_stamp_their_batches_with_one_clock(store):
+    settings = PlacementSettings(refresh_s=0.001, window_tasks=100)
+    clock = iter(float(t) for t in range(1000, 2000)).__next__
+    a, b = SizeSource(settings, 3, clock), SizeSource(settings, 3, clock)
+    a.pending.extend(("cpu", 0.02) for _ in range(1000))
+    a.fetch(store, SizeClasses())
+    b.pending.extend(("cpu", 1.0) for _ in range(10))  # b's first batch, after a's 1,000
+    b.fetch(store, SizeClasses())
+    hist = read_sizes(store)["cpu"]
+    assert hist.counts[size_bin(1.0)] == pytest.approx(10)  # not lost as "long ago"
+    assert hist.counts[size_bin(0.02)] == pytest.approx(1000 * 2 ** (-10 / 100))
+
+
 def test_junk_in_the_shared_hash_is_ignored(store):
     store.client.hset(sizes_key(store), mapping={
-        "_ref": "1000", "_hl": "120", "cpu:3": "5", "cpu:3:w": "0.01", "cpu:x": "9",
+        "_ref": "1000", "_hl": "120", "_n": "1000", "cpu:3": "5", "cpu:3:w": "0.01", "cpu:x": "9",
         "cpu:999": "7", ":4": "2", "gpu:2": "nan", "cpu:4": "-3", "cpu:3:q": "1",
         "a:b:c:d": "1"})
-    found = read_sizes(store, now=1000.0)
+    found = read_sizes(store)
     assert list(found) == ["cpu"] and found["cpu"].total == 5.0
     assert found["cpu"].work[3] == 0.01 and sum(found["cpu"].inverse) == 0
