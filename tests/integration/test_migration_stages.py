@@ -71,11 +71,11 @@ def test_a_stage_change_reaches_a_running_producer_and_prefork_children_in_2s(
     assert len({p["pid"] for p in late}) == 2  # both pool children ran probes after 2 s...
     assert {p["stage"] for p in late} == {"split"}  # ...and both had followed
     assert step_two["aitp"]["stage"] == "split"  # a chain step a child published
-    before = [s for t, s in published if float(t) < at]
-    after = [s for t, s in published if float(t) > at + 2]
+    before = [s for t, s, _ in published if float(t) < at]
+    after = [s for t, s, _ in published if float(t) > at + 2]
     assert before and set(before) == {"coexistence"}
     assert after and set(after) == {"split"}
-    lag = max(float(t) for t, s in published if s == "coexistence") - at
+    lag = max(float(t) for t, s, _ in published if s == "coexistence") - at
     child_lag = max([p["at"] for p in probes if p["stage"] == "coexistence"], default=at) - at
     print(f"followed after: producer {lag:.2f} s, pool children {child_lag:.2f} s")
 

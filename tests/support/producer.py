@@ -1,7 +1,8 @@
 """A running producer process for live-switch tests.
 
-Publishes a task every 20 ms for ``argv[1]`` seconds and prints, per publish, the time
-and the stage the middleware decided it in (from the ``aitp`` header it sent).
+Publishes a task every 20 ms for ``argv[1]`` seconds and prints, per publish, the time,
+the stage the middleware decided it in (from the ``aitp`` header it sent) and the digest
+of the policy it decided by.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from tests.apps.proj import app, noop
 
 
 def show(headers: Any = None, **_: Any) -> None:
-    print(f"{time.time():.3f} {read_header(headers['aitp'])['stage']}", flush=True)
+    stage = read_header(headers["aitp"])["stage"]
+    print(f"{time.time():.3f} {stage} {app.aitp.policy_digest}", flush=True)
 
 
 def main() -> None:
