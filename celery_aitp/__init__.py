@@ -81,7 +81,8 @@ def install(app: Any, policy: Any = None, **settings: Any) -> Middleware:
 
     ``policy`` may be a Policy, a dict or a YAML/JSON path; when given it is validated
     now, so a bad policy fails at start-up with every bad field named. ``settings``
-    override ``aitp_*`` configuration keys (e.g. ``store_url=...``).
+    override ``aitp_*`` configuration keys (e.g. ``store_url=...``); ``store=`` (a
+    ``RedisStore``) and ``clock=`` replace the store and the publish clock (tests).
     """
     from celery_aitp.middleware import Middleware
     from celery_aitp.policy import load_policy

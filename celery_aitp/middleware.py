@@ -1,45 +1,33 @@
-"""Per-app middleware: settings, store, cached view, pipeline, counters, in one object.
+"""The publisher: the decision on Celery's publish path, for one app.
 
-``install(app)`` attaches one :class:`Middleware` as ``app.aitp``. Everything is built
-lazily on first use, so installing before ``app.config_from_object`` is fine, and
-nothing opens a connection at import time.
+``install(app)`` attaches one :class:`Middleware` as ``app.aitp``. It is the app's
+:class:`~celery_aitp.deployment.Deployment` (settings, store, layout, refresher: what the
+CLI, dashboard and workers use) plus what only publishing needs: the stage pipeline, the
+decision memo, the task declarations, and ``on_publish``, which never raises.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any
-
-from kombu import Queue
 
 from celery_aitp.core.request import Decision, Request
 from celery_aitp.core.running import current_tenant
 from celery_aitp.core.view import View
-from celery_aitp.errors import PolicyError, StoreError
-from celery_aitp.layout import Layout, layout_for
-from celery_aitp.policy import Policy
-from celery_aitp.policy_history import PolicyRecorder, describe_source, policy_digest
-from celery_aitp.policy_live import ACTIVE_POLICY_SOURCE, ActivePolicySource, active_policy
+from celery_aitp.deployment import Deployment
+from celery_aitp.errors import PolicyError
+from celery_aitp.layout import Layout
 from celery_aitp.publish.annotate import EXPLICIT_FALLBACKS, Annotator, queue_name
 from celery_aitp.publish.caller_priority import keeps_celery_route
 from celery_aitp.publish.hook import AUTO_ROUTE
 from celery_aitp.publish.live_view import LiveView
 from celery_aitp.publish.memo import DecisionMemo, Reused
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.publish.visibility_stage import (
-    REDIS_DRIVERS,
-    visibility_timeout_s,
-)
 from celery_aitp.redact import redact
-from celery_aitp.settings import Settings, resolve_settings
-from celery_aitp.store import Keys, RedisStore, connect
-from celery_aitp.store.decision_log import DecisionLog
-from celery_aitp.telemetry.counters import Counters
+from celery_aitp.store import RedisStore
 
 logger = logging.getLogger(__name__)
 
@@ -47,73 +35,25 @@ logger = logging.getLogger(__name__)
 DECLARABLE = frozenset(
     {"accelerator", "tier", "memory_mb", "cpu", "labels", "runtime_hint_s", "impact"}
 )
-_REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "socket://", "unix://")
 
 
-def store_url_for(settings: Settings, broker_url: str | None) -> str:
-    """The store URL: explicit setting, else the broker's when it is Redis."""
-    if settings.store_url:
-        return settings.store_url
-    if broker_url and broker_url.startswith(_REDIS_SCHEMES):
-        return broker_url
-    raise PolicyError(
-        "aitp_store_url: required when the broker is not Redis "
-        f"(broker: {(broker_url or 'none').split('://')[0]}://...)"
-    )
-
-
-class Middleware:
-    """Everything the publish hook and the worker steps share for one Celery app."""
+class Middleware(Deployment):
+    """The app's deployment, and the decision for every task it publishes."""
 
     def __init__(self, app: Any, policy: Any = None, policy_origin: str | None = None,
+                 store: RedisStore | None = None, clock: Callable[[], float] = time.time,
                  **overrides: Any) -> None:
-        self.app = app
-        self._policy_source = policy
-        self._policy_origin = policy_origin
-        self._overrides = overrides
-        self.counters = Counters()
+        super().__init__(app, policy, policy_origin, store, clock, **overrides)
         self._declared: dict[str, Mapping[str, Any]] = {}
-        self._queues: dict[str, Queue] = {}
-        self._lock = threading.Lock()
         self._config_error_reported = False
         self._priority_route_reported = False
         self._swapped_stages: dict[str, Any] = {}  # use_stage(), kept across policy changes
-        self._refused_policy: str | None = None  # an active digest this process rejected
 
-    # --- lazily built parts -------------------------------------------------------
+    # --- built from the policy ------------------------------------------------------
 
-    @cached_property
-    def settings(self) -> Settings:
-        """Resolved once; raises PolicyError with every bad field named."""
-        return resolve_settings(self.app.conf, self._policy_source, **self._overrides)
-
-    @property
-    def policy(self) -> Policy:
-        return self.settings.policy
-
-    @cached_property
-    def store(self) -> RedisStore:
-        url = store_url_for(self.settings, self.app.conf.broker_url)
-        client = connect(url, self.settings.store_timeout_s)
-        return RedisStore(client, Keys(self.settings.key_prefix))
-
-    @cached_property
-    def live(self) -> LiveView:
-        s = self.settings
-        live = LiveView(
-            self.store, s.policy, self.counters, s.refresh_interval_s, s.max_staleness_s,
-            record_limits={
-                self.store.keys.observations: s.observation_maxlen,
-                self.store.keys.decisions: s.decision_maxlen,
-            },
-        )
+    def _attach(self, live: LiveView) -> None:
         for source in self.pipeline.sources():
             live.add_source(source)
-        live.set_writer(self.store.keys.decisions, self.decision_log.append)
-        live.add_flusher(self.policy_recorder)
-        live.add_source(ActivePolicySource())
-        live.on_refresh(self._follow_active_policy)
-        return live
 
     @cached_property
     def pipeline(self) -> Pipeline:
@@ -128,49 +68,10 @@ class Middleware:
         return DecisionMemo.for_pipeline(self.pipeline, self.counters)
 
     @cached_property
-    def visibility_timeout_s(self) -> float | None:
-        """The Redis transport's ``visibility_timeout`` (read once); None on other brokers."""
-        if self.broker_driver not in REDIS_DRIVERS:
-            return None
-        try:
-            return visibility_timeout_s(self.app.conf.broker_transport_options)
-        except ValueError as exc:
-            raise PolicyError(str(exc)) from None
-
-    @cached_property
     def _visibility_queue(self) -> str:
         """Where the visibility guard sends a task it diverts."""
         guard = self.policy.visibility_guard
         return guard.queue if guard.action == "queue" and guard.queue else self.default_queue
-
-    @cached_property
-    def decision_log(self) -> DecisionLog:
-        """The decisions stream, indexed by task id (``celery aitp explain``)."""
-        return DecisionLog(self.store, self.settings.decision_maxlen, self.policy_digest)
-
-    @cached_property
-    def policy_recorder(self) -> PolicyRecorder:
-        """Records this process's policy in the store's policy history (once)."""
-        return PolicyRecorder(self.policy, self.policy_origin())
-
-    @cached_property
-    def policy_digest(self) -> str:
-        return self.policy_recorder.digest
-
-    def policy_origin(self) -> str:
-        """Where the active policy came from, as settings resolve it (last one wins)."""
-        if self._policy_origin:
-            return self._policy_origin
-        if self._policy_source is not None:
-            return describe_source(self._policy_source)
-        if self._overrides.get("policy") is not None:
-            return describe_source(self._overrides["policy"])
-        if os.environ.get("AITP_POLICY"):
-            return "AITP_POLICY: " + describe_source(os.environ["AITP_POLICY"])
-        conf = self.app.conf.get("aitp_policy") if hasattr(self.app.conf, "get") else None
-        if conf is not None:
-            return "app.conf.aitp_policy: " + describe_source(conf, "app.conf")
-        return describe_source(None)
 
     def use_stage(self, name: str, stage: Any) -> None:
         """Swap one pipeline stage (how later capabilities plug in).
@@ -186,93 +87,18 @@ class Middleware:
                 if not self.live.has_source(source.name):
                     self.live.add_source(source)
 
-    # --- the live policy (celery_aitp.policy_live) ----------------------------------
-
-    def _follow_active_policy(self, view: View) -> None:
-        """After each refresh: adopt the policy applied to the fleet if it is not ours."""
-        digest = view.sources.get(ACTIVE_POLICY_SOURCE)
-        if digest is None or digest in (self.policy_digest, self._refused_policy):
-            return
-        try:
-            policy = active_policy(self.store)
-        except StoreError:
-            return  # tried again next round
-        except PolicyError as exc:
-            self._refuse_policy(digest, exc)
-            return
-        if policy is not None:
-            try:
-                self.adopt_policy(policy, f"policy apply ({digest})")
-            except PolicyError as exc:
-                self._refuse_policy(digest, exc)
-
-    def _refuse_policy(self, digest: str, exc: Exception) -> None:
-        self._refused_policy = digest
-        self.counters.incr("policy_refused")
-        logger.error("aitp: keeping policy %s; the applied policy %s is refused here: %s",
-                     self.policy_digest, digest, redact(exc))
-
-    def adopt_policy(self, policy: Policy, origin: str) -> None:
-        """Decide by ``policy`` from now on: settings, pipeline (with any swapped-in
-        stages), memo and decision log are rebuilt, and the live view fetches the new
-        stages' sources. Raises PolicyError if this process's settings reject it (e.g.
-        its ``aitp_producer_tenant`` is not a tenant of it); then nothing changes."""
-        if policy_digest(policy) == self.policy_digest:
-            return
-        try:
-            settings = type(self.settings).model_validate(
-                {**dict(self.settings), "policy": policy})
-        except ValueError as exc:  # pydantic's ValidationError
-            raise PolicyError(str(exc)) from None
-        with self._lock:
-            self.__dict__["settings"] = settings
-            self._policy_origin = origin
-            for name in ("pipeline", "memo", "decision_log", "policy_recorder",
-                         "policy_digest", "_visibility_queue", "annotator"):
-                self.__dict__.pop(name, None)
-            pipeline = self.pipeline
-            for name, stage in self._swapped_stages.items():
-                pipeline = pipeline.replace(name, stage)
-            self.pipeline = pipeline
-            self.policy_recorder.done = True  # apply recorded it; a start would not
-            live = self.__dict__.get("live")
-            if live is not None:
-                live.policy = policy
-                for source in pipeline.sources():
-                    live.put_source(source)
-                live.set_writer(self.store.keys.decisions, self.decision_log.append)
-        self.counters.incr("policy_adopted")
-        logger.info("aitp: now deciding by policy %s (%s)", self.policy_digest, origin)
-
-    @property
-    def default_queue(self) -> str:
-        return str(self.app.conf.task_default_queue)
-
-    @cached_property
-    def broker_driver(self) -> str:
-        """The broker transport's driver type ('redis', 'amqp', 'memory', ...); no I/O."""
-        return transport_driver(self.app)
-
-    @cached_property
-    def layout(self) -> Layout:
-        """How logical tier queues map onto broker queues (see :mod:`celery_aitp.layout`)."""
-        return layout_for(self.broker_driver, self.policy.tier_names)
-
-    def queue(self, name: str) -> Queue:
-        """The (cached) kombu Queue holding logical or physical tier queue ``name``.
-
-        Declared exactly as workers declare it.
-        """
-        q = self._queues.get(name)
-        if q is None:
-            q = self.layout.declaration(self.layout.physical(name))
-            self._queues[name] = q
-        return q
-
-    def physical_is_live(self, physical: str, live: frozenset[str]) -> bool:
-        """Whether some live worker serves a tier queue held in broker queue ``physical``."""
-        layout = self.layout
-        return physical in live or any(layout.physical(q) == physical for q in live)
+    def _rebuild(self, live: LiveView | None) -> None:
+        """A new policy: the pipeline (with any swapped-in stages), memo and annotator
+        are rebuilt, and the live view fetches the new stages' sources."""
+        for name in ("pipeline", "memo", "_visibility_queue", "annotator"):
+            self.__dict__.pop(name, None)
+        pipeline = self.pipeline
+        for name, stage in self._swapped_stages.items():
+            pipeline = pipeline.replace(name, stage)
+        self.pipeline = pipeline
+        if live is not None:
+            for source in pipeline.sources():
+                live.put_source(source)
 
     def declared(self, task_name: str) -> Mapping[str, Any]:
         """The task's ``aitp={...}`` declaration, validated once per task name."""
@@ -293,7 +119,7 @@ class Middleware:
     def on_publish(self, name: str, message: Any, options: dict[str, Any]) -> dict[str, Any]:
         """Decide, annotate and maybe reroute one message. Never raises."""
         auto = bool(options.pop(AUTO_ROUTE, False))
-        now = time.time()
+        now = self.clock()
         try:
             auto = auto and not self._keeps_own_priority(options)
             decision = self._decide(name, message, options, auto, now)
@@ -394,21 +220,6 @@ class Middleware:
         """Carries decisions out on the publish options (header, record, route)."""
         return Annotator(self.layout, self.queue, self.default_queue, self._visibility_queue,
                          lambda: self.live.buffer(self.store.keys.decisions), self.counters)
-
-    def close(self) -> None:
-        """Flush telemetry and stop the refresher (process shutdown)."""
-        if "live" in self.__dict__:
-            self.live.close()
-
-
-def transport_driver(app: Any) -> str:
-    """Driver type of the app's broker transport; builds the transport, never connects."""
-    conn = app.connection_for_write()
-    try:
-        return str(conn.transport.driver_type)
-    finally:
-        conn.release()
-
 
 def _task_id(message: Any) -> str:
     """The message's task id for a fallback record; never raises, whatever the message."""

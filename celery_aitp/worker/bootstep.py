@@ -17,9 +17,9 @@ from typing import Any
 import click
 from celery import bootsteps
 
+from celery_aitp.deployment import store_url_for
 from celery_aitp.errors import PolicyError, StoreError
 from celery_aitp.layout import physical_groups
-from celery_aitp.middleware import store_url_for
 from celery_aitp.policy import Policy
 from celery_aitp.queues import tier_queue_name
 from celery_aitp.redact import redact

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 def queue_ops_for(app: Any) -> Any:
     """The QueueOps adapter for the app's broker transport."""
-    from celery_aitp.middleware import transport_driver
+    from celery_aitp.deployment import transport_driver
 
     return resolve(QUEUE_OPS, transport_driver(app))(app)
 

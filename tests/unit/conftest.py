@@ -27,8 +27,7 @@ def store() -> RedisStore:
 def app(store: RedisStore) -> Iterator[Celery]:
     app = Celery("unit", broker="memory://", backend="cache+memory://")
     app.conf.task_default_queue = "default-q"
-    mw = celery_aitp.install(app, policy=TEST_POLICY)
-    mw.store = store
+    mw = celery_aitp.install(app, policy=TEST_POLICY, store=store)
 
     @app.task(shared=False, aitp={"tier": "hi"})
     def urgent(x: Any = None) -> Any:

@@ -48,8 +48,7 @@ def make_app(store: Any, name: str, memo: bool, broker: str = "memory://",
     app = Celery(name, broker=broker)
     app.conf.task_default_queue = "default-q"
     app.conf.update(conf)
-    mw = celery_aitp.install(app, policy=policy or POLICY, refresh_interval_s=60)
-    mw.store = store
+    mw = celery_aitp.install(app, policy=policy or POLICY, refresh_interval_s=60, store=store)
     for task in TASKS:
         app.task(name=task, shared=False)(_noop)
     app.task(name="hinted", shared=False, aitp={"runtime_hint_s": 4.0, "labels": ["vip"]})(

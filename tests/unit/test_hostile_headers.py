@@ -51,8 +51,8 @@ def deployment() -> Iterator[Celery]:
     """An app in takeover whose every tier queue has a live worker (so routing happens)."""
     app = Celery("hostile", broker="memory://", backend="cache+memory://")
     app.conf.task_default_queue = "default-q"
-    mw = celery_aitp.install(app, policy=POLICY)
-    store = mw.store = RedisStore(fakeredis.FakeRedis(), Keys("hostile"))
+    store = RedisStore(fakeredis.FakeRedis(), Keys("hostile"))
+    mw = celery_aitp.install(app, policy=POLICY, store=store)
 
     @app.task(name="h.urgent", aitp={"tier": "hi", "labels": ["critical"]})
     def urgent(*args: Any, **kwargs: Any) -> None: ...

@@ -49,8 +49,8 @@ TIERS = ("hi", "mid", "lo")
 @pytest.fixture(scope="module")
 def worker_app() -> Iterator[Celery]:
     app = Celery("hostile-worker", broker="memory://", backend="cache+memory://")
-    mw = celery_aitp.install(app, policy=POLICY)
-    mw.store = RedisStore(fakeredis.FakeRedis(), Keys("hostile-worker"))
+    mw = celery_aitp.install(app, policy=POLICY,
+                             store=RedisStore(fakeredis.FakeRedis(), Keys("hostile-worker")))
     mw.live.current()
     yield app
     mw.close()

@@ -101,8 +101,8 @@ def _write(store: RedisStore, contents: list[tuple[str, Any, Any]]) -> None:
 def deployment() -> Iterator[Celery]:
     app = Celery("hostile-store", broker="memory://", backend="cache+memory://")
     app.conf.task_default_queue = "default-q"
-    mw = celery_aitp.install(app, policy=POLICY)
-    mw.store = RedisStore(fakeredis.FakeRedis(), Keys("hostile-store"))
+    mw = celery_aitp.install(app, policy=POLICY,
+                             store=RedisStore(fakeredis.FakeRedis(), Keys("hostile-store")))
     mw.live.current()
 
     @app.task(name="t.x")

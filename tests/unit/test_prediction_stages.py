@@ -29,8 +29,7 @@ def synthetic_app(store) -> Any:
     app.conf.task_default_queue = "default-q"
     policy = {"tenants": {"acme": {}, "globex": {}, "initech": {}, "default": {}},
               "stage": "takeover"}
-    mw = celery_aitp.install(app, policy=policy)
-    mw.store = store
+    mw = celery_aitp.install(app, policy=policy, store=store)
     for name in ("media.resize", "reports.build", "mail.send"):
         app.task(name=name, shared=False)(noop)
     app.task(name="hinted", shared=False, aitp={"runtime_hint_s": 4.0})(noop)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from celery_aitp.deployment import store_url_for
 from celery_aitp.errors import PolicyError
-from celery_aitp.middleware import store_url_for
 from celery_aitp.settings import Settings, resolve_settings
 
 

@@ -77,8 +77,7 @@ def make_app(store: RedisStore) -> Iterator[Any]:
     def make(**settings: Any) -> Celery:
         app = Celery("trust", broker="memory://", backend="cache+memory://")
         app.conf.task_default_queue = "default-q"
-        mw = celery_aitp.install(app, policy=POLICY, **settings)
-        mw.store = store
+        celery_aitp.install(app, policy=POLICY, store=store, **settings)
 
         @app.task(shared=False, name="trust.urgent", aitp={"tier": "hi"})
         def urgent(x: Any = None) -> Any:

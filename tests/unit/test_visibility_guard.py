@@ -179,8 +179,8 @@ def redis_like(store: RedisStore, timeout_s: float, **guard: Any) -> Celery:
     app = Celery("vis", broker="memory://", backend="cache+memory://")
     app.conf.task_default_queue = "default-q"
     app.conf.broker_transport_options = {"visibility_timeout": timeout_s}
-    mw = celery_aitp.install(app, policy=dict(TEST_POLICY, visibility_guard=guard))
-    mw.store = store
+    mw = celery_aitp.install(app, policy=dict(TEST_POLICY, visibility_guard=guard),
+                             store=store)
     mw.broker_driver = "redis"  # type: ignore[misc]
 
     @app.task(shared=False, name="vis.urgent", aitp={"tier": "hi"})
