@@ -25,6 +25,7 @@ from celery_aitp.priority_policy import (
     PlacementSettings,
     PrioritySettings,
     ProfileSettings,
+    SpillSettings,
     TierOrder,
 )
 
@@ -289,6 +290,10 @@ class Policy(_Model):
     )
     fair_share: FairShareSettings = Field(
         default_factory=FairShareSettings, description="Per-tenant fair share."
+    )
+    spill: SpillSettings = Field(
+        default_factory=SpillSettings, description="Saturated tiers spill to idle standard "
+                                                   "workers."
     )
     profiles: ProfileSettings = Field(
         default_factory=ProfileSettings, description="Resource profiles from observed runs."
