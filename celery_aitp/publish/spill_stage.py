@@ -10,8 +10,8 @@ routed arm of a split). A task spills when all of these hold:
   a queue a CPU worker would take it from);
 * its expected wait, backlog per slot x its predicted runtime (tiers are size classes,
   so the tasks ahead of it are about its size), exceeds ``sla_margin`` x its SLA (the
-  tier's ``sla_s``, or the tenant's when tighter); a task with no prediction or no SLA
-  never spills;
+  tier's ``sla_s``, or the tenant's when tighter); without a prediction the declared
+  ``runtime_hint_s`` stands in; a task with neither, or with no SLA, never spills;
 * it falls in the ``max_fraction`` share of tasks (a stable hash of its id), so a
   saturated tier sends at most that share of its tasks away and keeps draining itself.
 
@@ -58,8 +58,10 @@ class SpillStage:
         if backlog is None or capacity.spill_class != decision.accelerator:
             return
         runtime = decision.predicted_runtime_s
+        if runtime is None:
+            runtime = _hint(request)
         sla = self._sla.get((decision.tenant, decision.tier))
-        if runtime is None or runtime <= 0 or sla is None:
+        if runtime is None or not runtime > 0 or sla is None:
             return
         wait = backlog * runtime
         if wait <= self.margin * sla or not self.in_share(request):
@@ -80,3 +82,11 @@ class SpillStage:
         if not view.sources.get(SPILL_SOURCE, NO_CAPACITY).backlog:
             return ()
         return (self.in_share(request),)
+
+
+def _hint(request: Request) -> float | None:
+    """The task's declared ``runtime_hint_s``, if it is a positive number."""
+    hint = request.declared.get("runtime_hint_s")
+    if isinstance(hint, bool) or not isinstance(hint, (int, float)):
+        return None
+    return float(hint)
