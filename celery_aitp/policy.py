@@ -188,6 +188,18 @@ class GuardSettings(_Model):
         default=False,
         description="Only report what the guard would do (also: 'aitp guard --dry-run').",
     )
+    watch_takeover: bool = Field(
+        default=True,
+        description="After promoting (or when started in takeover), keep analysing "
+                    "takeover's runs against the split's last control baseline; at "
+                    "failure_limit failed analyses step back (see takeover_step_back).",
+    )
+    takeover_step_back: Literal["split", "coexistence"] = Field(
+        default="split",
+        description="Where a failing takeover goes: 'split' (the last step below 100%, "
+                    "guarded again, no second promotion in the same run) or "
+                    "'coexistence' (the rollback, tier queues drained).",
+    )
     conditions: GuardConditions = Field(
         default_factory=GuardConditions, description="What every analysis checks.",
     )

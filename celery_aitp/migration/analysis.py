@@ -202,3 +202,15 @@ def arm_stats(records: Iterable[Record], policy: Policy,
                 _num(record.get("predicted_runtime_s")), _num(record.get("predicted_p90_s"))):
             arms["control"].add(record, sla_s)
     return arms
+
+
+def takeover_stats(records: Iterable[Record], policy: Policy) -> ArmStats:
+    """Takeover-stage runs as one routed arm (intent to treat: a task that fell back still
+    counts, and its fallback is counted); runs of other stages are left out."""
+    sla = {t.name: t.sla_s for t in policy.tiers}
+    stats = ArmStats()
+    for record in records:
+        if record.get("stage") != "takeover":
+            continue
+        stats.add({**record, "arm": "routed"}, sla.get(str(record.get("tier"))))
+    return stats
