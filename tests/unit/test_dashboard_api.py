@@ -414,3 +414,27 @@ def test_a_failing_broker_adapter_leaves_the_rest_of_the_pages_working(store):
     assert client.get("/api/overview").status_code == 200
     assert client.get("/metrics").status_code == 200
     assert client.get("/readyz").json()["checks"]["broker"]["ok"] is False
+
+
+def test_queues_show_which_tier_queues_spill(client, store):
+    import json
+    import time
+
+    from celery_aitp.scheduling.spill import occupancy_key
+
+    now = time.time()
+    reports = {
+        "gpu1@host": {"at": now, "slots": 2, "busy": 2, "accelerator": "gpu",
+                      "default_queue": False, "queues": ["aitp.acme.gpu.hi"],
+                      "depths": {"aitp.acme.gpu.hi": 5}},
+        "std@host": {"at": now, "slots": 4, "busy": 1, "accelerator": "gpu",
+                     "default_queue": True, "queues": [], "depths": {}},
+    }
+    for name, doc in reports.items():
+        store.client.hset(occupancy_key(store), name, json.dumps(doc))
+    data = client.get("/api/queues").json()
+    rows = {q["queue"]: q for q in data["queues"]}
+    assert rows["aitp.acme.gpu.hi"]["spilling"] == 2.5  # waiting per serving slot
+    assert rows["aitp.acme.gpu.mid"]["spilling"] is None
+    assert data["spill"] == {"backlog_per_slot": {"aitp.acme.gpu.hi": 2.5},
+                             "spill_class": "gpu", "idle_slots": 3}

@@ -229,3 +229,30 @@ def test_reports_from_workers_become_the_producers_capacity(store: RedisStore) -
     assert capacity.idle_slots == 3
     plain.withdraw()  # the standard worker stops: nothing may spill
     assert source.fetch(store, capacity).spill_class is None
+
+
+def test_placement_command_shows_the_saturated_queues(store: RedisStore) -> None:
+    import time
+
+    from celery import Celery
+    from click.testing import CliRunner
+
+    import celery_aitp
+    from celery_aitp.cli.celery_command import aitp
+
+    app = Celery("spill-cli", broker="memory://")
+    celery_aitp.install(app, policy=TEST_POLICY)
+    app.aitp.store = store
+    ctx = type("Ctx", (), {"app": app})()
+    quiet = CliRunner().invoke(aitp, ["placement"], obj=ctx)
+    assert quiet.exit_code == 0 and "no tier queue is saturated" in quiet.output
+    now = time.time()
+    for name, doc in {"tier": tier_worker(6) | {"at": now},
+                      "std": standard(idle=2) | {"at": now}}.items():
+        store.client.hset(occupancy_key(store), name, json.dumps(doc))
+    data = json.loads(CliRunner().invoke(aitp, ["placement", "--json"], obj=ctx).output)
+    assert data["spill"] == {"backlog_per_slot": {HI: 3.0}, "spill_class": "cpu",
+                             "idle_slots": 2}
+    text = CliRunner().invoke(aitp, ["placement"], obj=ctx).output
+    assert "spilling to idle cpu standard workers (2 slots)" in text and HI in text
+    app.aitp.close()
