@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_aitp.policy import Policy
-from celery_aitp.publish.spill_stage import REASON_SPILL
+from celery_aitp.publish.spill_stage import SPILL_REASON
 from celery_aitp.publish.split import SplitRule
 from celery_aitp.publish.stages import GATED_REASONS
 
@@ -154,7 +154,7 @@ class ArmStats:
         if record.get("outcome") == "FAILURE":
             self.failures += 1
         if record.get("arm") == "routed" and not record.get("routed") and \
-                record.get("reason") != REASON_SPILL:  # a spill is placement, not a failure
+                record.get("reason") != SPILL_REASON:  # a spill is placement, not a failure
             self.fell_back += 1
         pair = prediction_pair(record)
         if pair is not None:

@@ -32,7 +32,7 @@ from celery_aitp.scheduling.feedback import sla_of
 from celery_aitp.scheduling.spill import NO_CAPACITY, SPILL_SOURCE, SpillSource
 
 #: The decision's reason (and counter label) for a spilled task.
-REASON_SPILL = "spill"
+SPILL_REASON = "spill"
 #: Salts the hash so the spill share is independent of the split's routed share.
 _SALT = "spill:"
 
@@ -66,7 +66,7 @@ class SpillStage:
         wait = backlog * runtime
         if wait <= self.margin * sla or not self.in_share(request):
             return
-        decision.fall_back(REASON_SPILL)
+        decision.fall_back(SPILL_REASON)
         steps = dict(decision.tier_steps or {})
         steps["spill"] = {"expected_wait_s": wait, "sla_s": sla, "backlog_per_slot": backlog,
                           "idle_slots": capacity.idle_slots, "to": "default queue"}

@@ -16,7 +16,7 @@ from celery_aitp.publish.live_view import View
 from celery_aitp.publish.memo import view_fingerprint
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.publish.request import Decision, Request
-from celery_aitp.publish.spill_stage import REASON_SPILL, SpillStage
+from celery_aitp.publish.spill_stage import SPILL_REASON, SpillStage
 from celery_aitp.scheduling.spill import (
     NO_CAPACITY,
     SPILL_SOURCE,
@@ -121,7 +121,7 @@ SATURATED = Capacity({HI: 4.0}, "cpu", 3)  # 4 waiting per slot; acme's hi SLA i
 def test_a_task_that_would_miss_its_sla_spills_and_says_why() -> None:
     request, decision = routed(p50=0.5)  # expected wait 4 x 0.5 = 2 s > 1 s
     spill_all()(request, decision, view_with(SATURATED))
-    assert (decision.routed, decision.reason) == (False, REASON_SPILL)
+    assert (decision.routed, decision.reason) == (False, SPILL_REASON)
     assert decision.tier == "hi" and decision.queue == HI  # where it would have gone
     assert decision.counter() == "decisions:takeover:acme:hi:cpu:spill"
     spill = decision.tier_steps["spill"]  # type: ignore[index]
@@ -160,7 +160,7 @@ def test_at_most_max_fraction_of_a_saturated_queue_spills() -> None:
     for i in range(2000):
         request, decision = routed(task_id=f"task-{i}")
         stage(request, decision, view)
-        spilled += decision.reason == REASON_SPILL
+        spilled += decision.reason == SPILL_REASON
         assert stage.memo_key(request, decision, view) == (stage.in_share(request),)
     assert 400 <= spilled <= 600  # about a quarter, never all
 
@@ -186,7 +186,7 @@ def test_the_policy_switch_removes_the_stage() -> None:
 
 def test_a_spill_is_not_counted_as_a_routed_arm_fallback() -> None:
     arm = ArmStats()
-    arm.add({"arm": "routed", "routed": False, "reason": REASON_SPILL, "wait_s": 0.1}, 1.0)
+    arm.add({"arm": "routed", "routed": False, "reason": SPILL_REASON, "wait_s": 0.1}, 1.0)
     arm.add({"arm": "routed", "routed": False, "reason": "no_live_worker"}, 1.0)
     assert (arm.n, arm.fell_back) == (2, 1)
 
