@@ -76,7 +76,12 @@ def describe_guard(doc: dict[str, Any]) -> str:
     state = doc.get("state", "?")
     steps = doc.get("steps") or []
     text = f"{state} ({doc.get('owner', '?')})"
-    if state == "running":
+    if state == "running" and doc.get("watching") == "takeover":
+        base = doc.get("baseline") or {}
+        text += (f" watching takeover (failures {doc.get('failures', 0)}/"
+                 f"{doc.get('failure_limit', '?')}, baseline "
+                 + (f"{base.get('runs')} control runs)" if base else "none)"))
+    elif state == "running":
         text += (f" at {doc.get('percent', 0):g}% (step {int(doc.get('step', 0)) + 1}/"
                  f"{len(steps)}, failures {doc.get('failures', 0)}/"
                  f"{doc.get('failure_limit', '?')})")

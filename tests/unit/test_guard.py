@@ -261,6 +261,8 @@ def test_after_promotion_the_guard_watches_takeover_against_the_split_baseline(m
     state = guard_state.read_guard_state(mw.store)
     assert state is not None and state["watching"] == "takeover"
     assert state["baseline"]["runs"] == 6
+    assert "watching takeover (failures 0/2, baseline 6 control runs)" in \
+        guard_state.describe_guard(state)
 
 
 def test_a_failing_takeover_steps_back_to_split_audited_and_is_not_promoted_again(mw, ops):
