@@ -438,3 +438,15 @@ def test_queues_show_which_tier_queues_spill(client, store):
     assert rows["aitp.acme.gpu.mid"]["spilling"] is None
     assert data["spill"] == {"backlog_per_slot": {"aitp.acme.gpu.hi": 2.5},
                              "spill_class": "gpu", "idle_slots": 3}
+
+
+def test_spilled_decisions_are_exported_with_their_reason(store, ops):
+    store.add_counts({"decisions:takeover:acme:hi:cpu:spill": 4,
+                      "decisions:takeover:acme:hi:cpu:routed": 6})
+    client, _ = make_client(store, ops)
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    spilled = {(s.labels["reason"], s.labels["outcome"]): s.value
+               for s in families["aitp_decisions"].samples
+               if s.name.endswith("_total") and s.labels["tier"] == "hi"
+               and s.labels["accelerator"] == "cpu"}
+    assert spilled[("spill", "fallback")] == 4 and spilled[("routed", "routed")] == 6
