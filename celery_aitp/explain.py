@@ -124,10 +124,14 @@ def spill_story(spill: Any) -> str:
     """The spill stage's reason, as a clause of the tier story ('' if it did not spill)."""
     if not isinstance(spill, Mapping):
         return ""
-    return (f"; spilled to the {spill.get('to', 'default queue')}: expected wait "
-            f"{_seconds(spill.get('expected_wait_s'))} ({_num_of(spill.get('backlog_per_slot'))}"
-            f" waiting per slot) > SLA {_seconds(spill.get('sla_s'))}, "
-            f"{_num_of(spill.get('idle_slots'))} standard slot(s) idle")
+    to = spill.get("to", "default queue")
+    why = (f"expected wait {_seconds(spill.get('expected_wait_s'))} "
+           f"({_num_of(spill.get('backlog_per_slot'))} waiting per slot) > SLA "
+           f"{_seconds(spill.get('sla_s'))}")
+    if to == "default queue":
+        return (f"; spilled to the default queue: {why}, "
+                f"{_num_of(spill.get('idle_slots'))} standard slot(s) idle")
+    return f"; spilled to {to} (from class {spill.get('from_accelerator')}): {why}"
 
 
 def _num_of(value: Any) -> str:

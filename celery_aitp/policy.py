@@ -376,6 +376,11 @@ class Policy(_Model):
             for t in self.split.tenants
             if t not in self.tenants
         ]
+        problems += [
+            f"spill.alternatives.{cls}: unknown accelerator class {alt!r}"
+            for cls, alts in self.spill.alternatives.items() for alt in (cls, *alts)
+            if alt not in self.accelerators
+        ]
         problems += _min_score_problems(self.tiers)
         if self.tiers[0].promote_after_s is not None:
             problems.append("tiers.0.promote_after_s: the top tier is never promoted")

@@ -161,6 +161,10 @@ class SpillSettings(_Section):
     min_idle_slots: int = Field(
         default=1, ge=1, le=1_000_000,
         description="Idle slots the standard workers need before anything spills to them.")
+    alternatives: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict,
+        description="Accelerator class -> other classes its tasks can run on, tried in "
+                    "order (the same tenant and tier) before the default queue.")
     report_interval_s: float = Field(
         default=1.0, gt=0, le=3600,
         description="Seconds between two occupancy reports of a worker (slots, busy, "

@@ -13,8 +13,10 @@ publish path) and turns it into a :class:`Capacity`:
   falls to ``release * min_backlog`` (hysteresis: a backlog hovering at the threshold
   does not turn spilling on and off every second);
 * the accelerator class the standard workers provide, if they all provide the same one
-  and together have at least ``spill.min_idle_slots`` idle slots (else nothing spills:
-  a task sent to the default queue could land on a worker that cannot run it).
+  and together have at least ``spill.min_idle_slots`` idle slots (else nothing spills
+  there: a task sent to the default queue could land on a worker that cannot run it);
+* the *open* tier queues: empty, with a serving worker that has an idle slot (where a
+  task of another class may go, by ``spill.alternatives``).
 
 The spill stage (:mod:`celery_aitp.publish.spill_stage`) decides per task from it. The
 value is replaced only when it changes, so the decision memo keeps its decisions while
@@ -47,28 +49,33 @@ class Capacity:
     """Saturated tier queues (backlog per slot) and the standard workers' class with idle
     slots (None: nothing may spill). Immutable; compared by value."""
 
-    __slots__ = ("backlog", "spill_class", "idle_slots")
+    __slots__ = ("backlog", "spill_class", "idle_slots", "open_queues")
 
     def __init__(self, backlog: Mapping[str, float] | None = None,
-                 spill_class: str | None = None, idle_slots: int = 0) -> None:
+                 spill_class: str | None = None, idle_slots: int = 0,
+                 open_queues: Iterable[str] = ()) -> None:
         self.backlog: dict[str, float] = dict(backlog or {})
         self.spill_class = spill_class
         self.idle_slots = idle_slots
+        self.open_queues = frozenset(open_queues)
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.backlog, self.spill_class, self.idle_slots, self.open_queues)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Capacity) and other.backlog == self.backlog and \
-            other.spill_class == self.spill_class and other.idle_slots == self.idle_slots
+        return isinstance(other, Capacity) and other._key() == self._key()
 
     def __hash__(self) -> int:
-        return hash((tuple(sorted(self.backlog.items())), self.spill_class, self.idle_slots))
+        return hash((tuple(sorted(self.backlog.items())), self.spill_class, self.idle_slots,
+                     self.open_queues))
 
     def __repr__(self) -> str:
         return (f"Capacity(backlog={self.backlog!r}, spill_class={self.spill_class!r}, "
-                f"idle_slots={self.idle_slots})")
+                f"idle_slots={self.idle_slots}, open_queues={sorted(self.open_queues)!r})")
 
     def as_dict(self) -> dict[str, Any]:
         return {"backlog_per_slot": dict(self.backlog), "spill_class": self.spill_class,
-                "idle_slots": self.idle_slots}
+                "idle_slots": self.idle_slots, "open_queues": sorted(self.open_queues)}
 
 
 NO_CAPACITY = Capacity()
@@ -90,6 +97,7 @@ class _Tally:
 
     def __init__(self) -> None:
         self.slots: dict[str, int] = {}
+        self.free: dict[str, int] = {}  # idle slots of the workers serving each queue
         self.depth: dict[str, int] = {}
         self.idle = 0
         self.classes: set[str] = set()
@@ -100,10 +108,12 @@ class _Tally:
         at, n = report.get("at"), _count(report.get("slots"))
         if not isinstance(at, (int, float)) or not now - at <= max_age_s or not n:
             return
+        idle = n - min(n, _count(report.get("busy")) or 0)
         queues = report.get("queues")
         for queue in queues if isinstance(queues, list) else ():
             if isinstance(queue, str) and is_tier_queue(queue):
                 self.slots[queue] = self.slots.get(queue, 0) + n
+                self.free[queue] = self.free.get(queue, 0) + idle
         depths = report.get("depths")
         for queue, d in (depths.items() if isinstance(depths, dict) else ()):
             count = _count(d)
@@ -112,7 +122,7 @@ class _Tally:
         if report.get("default_queue") is True:
             accelerator = report.get("accelerator")
             self.classes.add(accelerator if isinstance(accelerator, str) else "")
-            self.idle += n - min(n, _count(report.get("busy")) or 0)
+            self.idle += idle
 
 
 def capacity_of(reports: Iterable[Any], now: float, settings: SpillSettings,
@@ -135,8 +145,9 @@ def capacity_of(reports: Iterable[Any], now: float, settings: SpillSettings,
     if len(tally.classes) == 1 and tally.idle >= settings.min_idle_slots:
         spill_class = next(iter(tally.classes)) or None
     # idle slots matter only while something spills: no churn (nor memo resets) without
-    found = Capacity(backlog, spill_class, tally.idle if spill_class is not None else 0) \
-        if backlog else NO_CAPACITY
+    open_queues = [q for q, free in tally.free.items() if free and not tally.depth.get(q)]
+    found = Capacity(backlog, spill_class, tally.idle if spill_class is not None else 0,
+                     open_queues) if backlog else NO_CAPACITY
     return previous if found == previous else found
 
 

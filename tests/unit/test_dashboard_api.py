@@ -437,7 +437,7 @@ def test_queues_show_which_tier_queues_spill(client, store):
     assert rows["aitp.acme.gpu.hi"]["spilling"] == 2.5  # waiting per serving slot
     assert rows["aitp.acme.gpu.mid"]["spilling"] is None
     assert data["spill"] == {"backlog_per_slot": {"aitp.acme.gpu.hi": 2.5},
-                             "spill_class": "gpu", "idle_slots": 3}
+                             "spill_class": "gpu", "idle_slots": 3, "open_queues": []}
 
 
 def test_spilled_decisions_are_exported_with_their_reason(store, ops):

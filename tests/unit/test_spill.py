@@ -252,7 +252,56 @@ def test_placement_command_shows_the_saturated_queues(store: RedisStore) -> None
         store.client.hset(occupancy_key(store), name, json.dumps(doc))
     data = json.loads(CliRunner().invoke(aitp, ["placement", "--json"], obj=ctx).output)
     assert data["spill"] == {"backlog_per_slot": {HI: 3.0}, "spill_class": "cpu",
-                             "idle_slots": 2}
+                             "idle_slots": 2, "open_queues": []}
     text = CliRunner().invoke(aitp, ["placement"], obj=ctx).output
     assert "spilling to idle cpu standard workers (2 slots)" in text and HI in text
     app.aitp.close()
+
+
+# --- another accelerator class ----------------------------------------------------------
+
+GPU_HI = "aitp.acme.gpu.hi"
+
+
+def test_open_queues_are_empty_tier_queues_with_an_idle_worker() -> None:
+    idle_gpu = report([GPU_HI], {GPU_HI: 0}, slots=2, busy=1, accelerator="gpu")
+    busy_gpu = report(["aitp.acme.gpu.mid"], {"aitp.acme.gpu.mid": 0}, slots=2, busy=2,
+                      accelerator="gpu")
+    waiting = report(["aitp.acme.gpu.lo"], {"aitp.acme.gpu.lo": 1}, slots=2, busy=0,
+                     accelerator="gpu")
+    found = capacity_of([tier_worker(8), idle_gpu, busy_gpu, waiting], NOW, SETTINGS)
+    assert found.open_queues == {GPU_HI} and found.spill_class is None
+
+
+def test_alternatives_must_name_known_classes() -> None:
+    from celery_aitp.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="spill.alternatives.cpu: unknown accelerator "
+                                          "class 'tpu'"):
+        parse_policy({**TEST_POLICY, "spill": {"alternatives": {"cpu": ["tpu"]}}})
+
+
+def test_a_task_spills_to_an_open_queue_of_a_class_it_can_run_on_first() -> None:
+    stage = SpillStage(parse_policy({**TEST_POLICY, "spill": {
+        "max_fraction": 1.0, "alternatives": {"cpu": ["gpu"]}}}))
+    view = View(frozenset({HI, GPU_HI}), Stage.TAKEOVER, SplitSettings(), True,
+                sources=MappingProxyType({SPILL_SOURCE: Capacity(
+                    {HI: 4.0}, "cpu", 3, open_queues=[GPU_HI])}))
+    request, decision = routed(p50=0.5)
+    stage(request, decision, view)
+    assert (decision.routed, decision.reason, decision.queue, decision.accelerator) == \
+        (True, "spill_class", GPU_HI, "gpu")
+    assert decision.counter() == "decisions:takeover:acme:hi:gpu:spill_class"
+    story = tier_story(decision.tier_steps, decision.tier)
+    assert f"spilled to {GPU_HI} (from class cpu): expected wait 2 s" in story
+    # not live (its worker's advertisement expired): the default queue instead
+    request, decision = routed(p50=0.5)
+    stage(request, decision, view_with(view.sources[SPILL_SOURCE]))
+    assert (decision.routed, decision.reason) == (False, SPILL_REASON)
+    # no alternative listed for gpu tasks, and the standard workers are cpu: stays
+    request, decision = routed(p50=0.5, accelerator="gpu")
+    decision.queue = GPU_HI
+    stage(request, decision, View(view.live_queues, Stage.TAKEOVER, SplitSettings(), True,
+                                  sources=MappingProxyType({SPILL_SOURCE: Capacity(
+                                      {GPU_HI: 4.0}, "cpu", 3, open_queues=[HI])})))
+    assert decision.reason == "routed" and decision.queue == GPU_HI
