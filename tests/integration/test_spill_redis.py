@@ -63,3 +63,31 @@ def test_a_saturated_hi_tier_spills_to_an_idle_standard_worker(deployment, reque
              "the hi queue to stop spilling")
     again = proj.busy_hi.apply_async((200, 0.0), headers=headers).get(timeout=30)
     assert again["queue"] == HI
+
+
+def test_a_saturated_cpu_tier_spills_to_an_idle_gpu_queue_it_may_run_on(deployment, request):
+    policy = {**POLICY, "spill": {**POLICY["spill"], "alternatives": {"cpu": ["gpu"]}}}
+    values = {"AITP_TEST_POLICY": json.dumps(policy)}
+    deployment.update(values)
+    os.environ.update(values)
+    proj = request.getfixturevalue("proj")
+    start_worker = request.getfixturevalue("start_worker")
+    start_worker("cpu", "--aitp-tenant", "acme", "--aitp-no-default-queue")
+    start_worker("gpu", "--aitp-tenant", "acme", "--aitp-accelerator", "gpu",
+                 "--aitp-no-default-queue")  # no standard worker at all
+    gpu_hi = "aitp.acme.gpu.hi"
+    wait_live(proj, HI)
+    wait_live(proj, gpu_hi)
+    headers = {"aitp_tenant": "acme"}
+    first = [proj.busy_hi.apply_async((i,), headers=headers) for i in range(6)]
+    found = wait_for(lambda: HI in capacity(proj).backlog and capacity(proj), 15,
+                     "the producer to see the cpu hi queue saturated")
+    assert found.spill_class is None and gpu_hi in found.open_queues
+    later = [proj.busy_hi.apply_async((100 + i,), headers=headers) for i in range(6)]
+    runs = [r.get(timeout=60) for r in first + later]
+    assert sorted(r["x"] for r in runs) == [*range(6), *range(100, 106)]  # none lost
+    moved = [r for r in runs[6:] if r["queue"] == gpu_hi]
+    assert moved, [r["queue"] for r in runs[6:]]
+    assert all(r["hostname"].startswith("gpu-") and r["aitp"]["reason"] == "spill_class"
+               and r["aitp"]["accelerator"] == "gpu" for r in moved)
+    assert {r["queue"] for r in runs} <= {HI, gpu_hi}  # no default queue: nobody reads it
