@@ -305,3 +305,18 @@ def test_a_task_spills_to_an_open_queue_of_a_class_it_can_run_on_first() -> None
                                   sources=MappingProxyType({SPILL_SOURCE: Capacity(
                                       {GPU_HI: 4.0}, "cpu", 3, open_queues=[HI])})))
     assert decision.reason == "routed" and decision.queue == GPU_HI
+
+
+def test_on_rabbitmq_each_tier_gets_its_broker_queues_depth(store: RedisStore) -> None:
+    from celery_aitp.layout import layout_for
+
+    mw = FakeMiddleware(store)
+    mw.layout = layout_for("amqp", POLICY.tier_names)
+    mid = "aitp.acme.cpu.mid"
+    physical = mw.layout.physical(HI)
+    assert physical == mw.layout.physical(mid) != HI  # one broker queue per tenant and class
+    ops = FakeOps({physical: 7})
+    reporter = OccupancyReporter(mw, "w@h", 1, "cpu", [HI, mid], lambda: False, ops=ops)
+    assert reporter.depths() == {HI: 7, mid: 7} and ops.asked == [[physical]]
+    standard_worker = OccupancyReporter(mw, "s@h", 1, "cpu", [], lambda: True, ops=ops)
+    assert standard_worker.depths() == {} and len(ops.asked) == 1  # no broker round trip
