@@ -105,8 +105,11 @@ class Guard:
             self.index, self.watching, self.may_promote = len(steps) - 1, True, False
             self._split, self._doc = split, doc
             self._cursor = last_id(self.store, self.store.keys.observations) or "0-0"
-            self.say("watching takeover (no split baseline in this run: the checks "
-                     "against a control group are skipped)")
+            self.baseline = self._saved_baseline()
+            self.say(f"watching takeover against the last guard's baseline of "
+                     f"{self.baseline.n} control runs" if self.baseline else
+                     "watching takeover (no split baseline: the checks against a control "
+                     "group are skipped)")
             self._save()
             return
         current = split.percent if stage is Stage.SPLIT else 0.0
@@ -272,6 +275,11 @@ class Guard:
         self._doc = change.new
         self.say(why)
 
+    def _saved_baseline(self) -> ArmStats | None:
+        """The baseline the last guard kept in the store (a guard started in takeover)."""
+        previous = guard_state.read_guard_state(self.store)
+        return guard_state.baseline_of(previous.get("baseline")) if previous else None
+
     def _still_ours(self) -> bool:
         """False (and stop) if the stage was changed by anyone but this guard."""
         if self.dry_run:
@@ -301,8 +309,7 @@ class Guard:
             "state": self.state, "owner": self.who, "steps": list(self.settings.steps),
             "step": self.index, "percent": self.percent, "passes": self.passes,
             "watching": "takeover" if self.watching else "split",
-            "baseline": {"runs": self.baseline.n, "wait_p90_s": self.baseline.wait(0.9)}
-            if self.baseline else None,
+            "baseline": guard_state.baseline_doc(self.baseline) if self.baseline else None,
             "failures": self.failures, "failure_limit": self.settings.failure_limit,
             "last": {"at": time.time(), "verdict": last.verdict, "summary": last.summary}
             if last else None,

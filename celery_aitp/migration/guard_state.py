@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from celery_aitp.errors import StoreError
+from celery_aitp.migration.analysis import ArmStats
 from celery_aitp.migration.describe import when
 from celery_aitp.store import RedisStore
 from celery_aitp.store.redis_store import translated_errors
@@ -44,6 +45,31 @@ def read_guard_state(store: RedisStore) -> dict[str, Any] | None:
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
+
+
+#: Waits of the takeover baseline kept in the guard's state (a sample: the p90 is read).
+BASELINE_WAITS = 1000
+
+
+def baseline_doc(stats: ArmStats) -> dict[str, Any]:
+    """The takeover baseline as the guard's state keeps it (so a guard started later in
+    takeover compares with it too)."""
+    return {"runs": stats.n, "wait_p90_s": stats.wait(0.9), "failures": stats.failures,
+            "waits": [round(w, 4) for w in stats.waits[-BASELINE_WAITS:]]}
+
+
+def baseline_of(doc: Any) -> ArmStats | None:
+    """The baseline a state document holds, if it is well formed (anyone who can write
+    the store can write it: bad values mean no baseline)."""
+    if not isinstance(doc, dict):
+        return None
+    runs, failures, waits = doc.get("runs"), doc.get("failures"), doc.get("waits")
+    if not isinstance(runs, int) or not isinstance(failures, int) or \
+            not isinstance(waits, list) or not waits or not 0 <= failures <= runs:
+        return None
+    if not all(type(w) in (int, float) and 0 <= w < 1e9 for w in waits):
+        return None
+    return ArmStats(n=runs, waits=[float(w) for w in waits], failures=failures)
 
 
 def write_guard_state(store: RedisStore, doc: dict[str, Any]) -> None:

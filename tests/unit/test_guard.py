@@ -305,3 +305,27 @@ def test_started_in_takeover_it_watches_and_can_roll_back_to_coexistence(mw, ops
     assert "rollback after 2 failed analyses in takeover" in why
     assert "fallback_rate 100.0% > 5.0%" in why
     assert len(ops.queues["default-q"]) == 3  # drained, nothing lost
+
+
+def test_a_guard_started_in_takeover_uses_the_last_guards_baseline(mw, ops):
+    first = promoted(mw, ops, [])
+    first._finish(STOPPED, "stopped by the test")
+    first._save()  # keeps the baseline in the store, releases the lock
+    lines: list[str] = []
+    second = make_guard(mw, ops, lines)
+    second.start()
+    assert second.watching and second.baseline is not None
+    assert (second.baseline.n, second.baseline.wait(0.9)) == (6, pytest.approx(0.3))
+    assert "against the last guard's baseline of 6 control runs" in lines[0]
+    feed_takeover(mw, 6, wait_s=3.0)
+    second.step()
+    assert "wait p90 3 s > 1.5 x 0.3 s + 0.5 s" in second.last.summary  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("bad", [None, "x", {"runs": 3}, {"runs": 3, "failures": 5,
+                                                          "waits": [0.1]},
+                                 {"runs": 3, "failures": 0, "waits": []},
+                                 {"runs": 3, "failures": 0, "waits": [0.1, "slow"]},
+                                 {"runs": 3, "failures": 0, "waits": [float("nan")]}])
+def test_a_malformed_saved_baseline_is_no_baseline(bad):
+    assert guard_state.baseline_of(bad) is None
