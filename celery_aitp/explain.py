@@ -131,7 +131,8 @@ def spill_story(spill: Any) -> str:
     if to == "default queue":
         return (f"; spilled to the default queue: {why}, "
                 f"{_num_of(spill.get('idle_slots'))} standard slot(s) idle")
-    return f"; spilled to {to} (from class {spill.get('from_accelerator')}): {why}"
+    return (f"; spilled to {to} (class {spill.get('to_accelerator')} instead of "
+            f"{spill.get('from_accelerator')}): {why}")
 
 
 def _num_of(value: Any) -> str:

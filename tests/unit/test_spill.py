@@ -290,10 +290,11 @@ def test_a_task_spills_to_an_open_queue_of_a_class_it_can_run_on_first() -> None
     request, decision = routed(p50=0.5)
     stage(request, decision, view)
     assert (decision.routed, decision.reason, decision.queue, decision.accelerator) == \
-        (True, "spill_class", GPU_HI, "gpu")
-    assert decision.counter() == "decisions:takeover:acme:hi:gpu:spill_class"
+        (True, "spill_class", GPU_HI, "cpu")  # placed as cpu work, runs on gpu
+    assert decision.counter() == "decisions:takeover:acme:hi:cpu:spill_class"
+    assert decision.tier_steps["spill"]["to_accelerator"] == "gpu"  # type: ignore[index]
     story = tier_story(decision.tier_steps, decision.tier)
-    assert f"spilled to {GPU_HI} (from class cpu): expected wait 2 s" in story
+    assert f"spilled to {GPU_HI} (class gpu instead of cpu): expected wait 2 s" in story
     # not live (its worker's advertisement expired): the default queue instead
     request, decision = routed(p50=0.5)
     stage(request, decision, view_with(view.sources[SPILL_SOURCE]))
