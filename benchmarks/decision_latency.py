@@ -8,7 +8,9 @@ cache), neither cached (every tree walked), fresh caches over 2,000 distinct mes
 (the worst case: a new model or a changed view), and the steady state (2,000 messages
 never published before, after 20,000 others of the same workload); cold start (history,
 or nothing known); and the fallbacks. The store is only read by the background refresher,
-so no call waits on the network. Also prints what one call of LightGBM's own single-row
+so no call waits on the network. One more path: every tier queue saturated with idle
+standard workers, so the spill stage sends up to half the tasks to the default queue.
+Also prints what one call of LightGBM's own single-row
 ``predict`` costs, and checks the publish path never calls it. Every path runs in each of
 ``--rounds`` rounds (the refresher stopped, so all see one state); the machine's speed
 varies by round (up to 2x within seconds), so both the median over rounds and the best
@@ -27,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,6 +41,7 @@ import celery_aitp  # noqa: E402
 from celery_aitp.core.view import View  # noqa: E402
 from celery_aitp.predict.model_source import MODEL_SOURCE  # noqa: E402
 from celery_aitp.queues import all_tier_queues  # noqa: E402
+from celery_aitp.scheduling.spill import SPILL_SOURCE, Capacity  # noqa: E402
 
 TASKS = ("media.resize", "reports.build", "ml.fit", "etl.batch", "mail.send", "geo.route")
 
@@ -157,6 +161,15 @@ class Paths:
         rows.append(("fallback: no live worker", timings(mw.on_publish, batch)))
         live._view = view.stale()
         rows.append(("fallback: store unreachable", timings(mw.on_publish, batch)))
+        # every tier queue saturated, idle standard workers: up to half the tasks spill
+        # (publish/spill_stage.py); the memo keeps one decision per key and spill share
+        saturated = Capacity({q: 1000.0 for q in view.live_queues},
+                             mw.policy.default_accelerator, 8)
+        live._view = View(view.live_queues, view.stage, view.split, True, view.model_version,
+                          view.fetched_at, MappingProxyType({**view.sources,
+                                                             SPILL_SOURCE: saturated}))
+        timings(mw.on_publish, batch, repeat=1)  # the memo starts over with a new capacity
+        rows.append(("spill: every tier saturated", timings(mw.on_publish, batch)))
         live._view = view
 
         def explicit(name: str, message: Any, options: dict[str, Any]) -> Any:

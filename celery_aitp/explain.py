@@ -117,7 +117,26 @@ def tier_story(steps: Mapping[str, Any] | None, tier: str | None) -> str:
     parts.append(f"tenant cap {steps.get('cap')}")
     if steps.get("fair_share"):
         parts.append("above fair share: one tier lower")
-    return "; ".join(parts) + f" => {tier}"
+    return "; ".join(parts) + f" => {tier}" + spill_story(steps.get("spill"))
+
+
+def spill_story(spill: Any) -> str:
+    """The spill stage's reason, as a clause of the tier story ('' if it did not spill)."""
+    if not isinstance(spill, Mapping):
+        return ""
+    to = spill.get("to", "default queue")
+    why = (f"expected wait {_seconds(spill.get('expected_wait_s'))} "
+           f"({_num_of(spill.get('backlog_per_slot'))} waiting per slot) > SLA "
+           f"{_seconds(spill.get('sla_s'))}")
+    if to == "default queue":
+        return (f"; spilled to the default queue: {why}, "
+                f"{_num_of(spill.get('idle_slots'))} standard slot(s) idle")
+    return (f"; spilled to {to} (class {spill.get('to_accelerator')} instead of "
+            f"{spill.get('from_accelerator')}): {why}")
+
+
+def _num_of(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else "?"
 
 
 def _seconds(value: Any) -> str:

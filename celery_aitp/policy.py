@@ -25,6 +25,7 @@ from celery_aitp.priority_policy import (
     PlacementSettings,
     PrioritySettings,
     ProfileSettings,
+    SpillSettings,
     TierOrder,
 )
 
@@ -187,6 +188,18 @@ class GuardSettings(_Model):
         default=False,
         description="Only report what the guard would do (also: 'aitp guard --dry-run').",
     )
+    watch_takeover: bool = Field(
+        default=True,
+        description="After promoting (or when started in takeover), keep analysing "
+                    "takeover's runs against the split's last control baseline; at "
+                    "failure_limit failed analyses step back (see takeover_step_back).",
+    )
+    takeover_step_back: Literal["split", "coexistence"] = Field(
+        default="split",
+        description="Where a failing takeover goes: 'split' (the last step below 100%, "
+                    "guarded again, no second promotion in the same run) or "
+                    "'coexistence' (the rollback, tier queues drained).",
+    )
     conditions: GuardConditions = Field(
         default_factory=GuardConditions, description="What every analysis checks.",
     )
@@ -290,6 +303,10 @@ class Policy(_Model):
     fair_share: FairShareSettings = Field(
         default_factory=FairShareSettings, description="Per-tenant fair share."
     )
+    spill: SpillSettings = Field(
+        default_factory=SpillSettings, description="Saturated tiers spill to idle standard "
+                                                   "workers."
+    )
     profiles: ProfileSettings = Field(
         default_factory=ProfileSettings, description="Resource profiles from observed runs."
     )
@@ -358,6 +375,11 @@ class Policy(_Model):
             f"split.tenants: unknown tenant {t!r}"
             for t in self.split.tenants
             if t not in self.tenants
+        ]
+        problems += [
+            f"spill.alternatives.{cls}: unknown accelerator class {alt!r}"
+            for cls, alts in self.spill.alternatives.items() for alt in (cls, *alts)
+            if alt not in self.accelerators
         ]
         problems += _min_score_problems(self.tiers)
         if self.tiers[0].promote_after_s is not None:

@@ -141,6 +141,41 @@ class FeedbackSettings(_Section):
         description="Recent runs a tenant needs before its miss rate moves its boost.")
 
 
+class SpillSettings(_Section):
+    """Send a task to Celery's default queue when its tier queue is saturated and a
+    standard worker is idle (``scheduling/spill.py``)."""
+
+    enabled: bool = Field(default=True, description="Spill saturated tiers to idle "
+                                                    "standard workers.")
+    min_backlog: float = Field(
+        default=1.0, gt=0, le=1_000_000,
+        description="Waiting tasks per serving slot at which a tier queue starts spilling.")
+    release: float = Field(
+        default=0.5, ge=0, lt=1,
+        description="A spilling queue stops once its backlog per slot falls to this share "
+                    "of min_backlog (hysteresis).")
+    sla_margin: float = Field(
+        default=1.0, gt=0, le=100,
+        description="Spill a task whose expected wait exceeds this many times its SLA.")
+    max_fraction: float = Field(
+        default=0.5, gt=0, le=1,
+        description="Largest share of a saturated queue's tasks that may spill.")
+    min_idle_slots: int = Field(
+        default=1, ge=1, le=1_000_000,
+        description="Idle slots the standard workers need before anything spills to them.")
+    alternatives: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict,
+        description="Accelerator class -> other classes its tasks can run on, tried in "
+                    "order (the same tenant and tier) before the default queue.")
+    report_interval_s: float = Field(
+        default=1.0, gt=0, le=3600,
+        description="Seconds between two occupancy reports of a worker (slots, busy, "
+                    "queue depths).")
+    max_report_age_s: float = Field(
+        default=5.0, gt=0, le=86_400,
+        description="Occupancy reports older than this are ignored.")
+
+
 class FairShareSettings(_Section):
     """Per-tenant usage with exponential decay; over-share tenants drop one tier."""
 

@@ -1,7 +1,9 @@
 """``celery aitp guard [--dry-run]``: step the split up while the routed arm passes.
 
 Configured by the policy's ``guard`` section; runs in the foreground until it promotes,
-completes, rolls back or is stopped (Ctrl-C or SIGTERM leave the stage as it is).
+completes, rolls back or is stopped (Ctrl-C or SIGTERM leave the stage as it is). With
+``guard.watch_takeover`` (the default) a promotion does not end it: it keeps analysing
+takeover and steps back to split when takeover fails; started in takeover, it watches.
 Exit status: 0 promoted or completed, 1 rolled back (or would have, in a dry run),
 3 stopped, 2 could not start.
 """
@@ -37,7 +39,8 @@ def command(ctx: click.Context, dry_run: bool | None) -> None:
     settings = guard.settings
     _say(f"guard: steps {', '.join(f'{s:g}%' for s in settings.steps)}, every "
          f"{settings.interval_s:g} s, rollback after {settings.failure_limit} failed "
-         f"analyses" + (" [dry run]" if guard.dry_run else ""))
+         f"analyses" + ("; then watching takeover" if settings.watch_takeover else "")
+         + (" [dry run]" if guard.dry_run else ""))
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

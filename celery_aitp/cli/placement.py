@@ -1,4 +1,5 @@
-"""``celery aitp placement``: the tier boundaries, the boosts in force and their changes."""
+"""``celery aitp placement``: the tier boundaries, the boosts in force and their changes,
+and which tier queues spill to standard workers now."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from celery_aitp.migration.describe import when
 from celery_aitp.scheduling.feedback import boost_history, read_boosts
 from celery_aitp.scheduling.size_classes import SizeClasses, best_cuts
 from celery_aitp.scheduling.size_source import read_sizes
+from celery_aitp.scheduling.spill import read_capacity
 
 
 @click.command("placement")
@@ -28,6 +30,7 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
         sizes = read_sizes(mw.store)
         boosts = read_boosts(mw.store, policy).by_tenant
         history = boost_history(mw.store, limit)
+        capacity = read_capacity(mw.store, policy.spill) if policy.spill.enabled else None
     except AitpError as exc:
         fail(str(exc))
     tiers = policy.tier_names
@@ -42,7 +45,8 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
             list(SizeClasses({accelerator: cuts}).bounds[accelerator])}
     if as_json:
         emit_json({"tiers": list(tiers), "classes": classes, "boosts": boosts,
-                   "history": history})
+                   "history": history,
+                   "spill": capacity.as_dict() if capacity is not None else None})
         return
     rows = []
     for accelerator, found in sorted(classes.items()):
@@ -56,6 +60,17 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
         table("boosts in force", ["tenant", "boost"], sorted(boosts.items()))
     else:
         console.print("no tenant is boosted")
+    if capacity is None:
+        console.print("spill: off (policy)")
+    elif not capacity.backlog:
+        console.print("spill: no tier queue is saturated")
+    else:
+        console.print(
+            f"spill: spilling to idle {capacity.spill_class} standard workers "
+            f"({capacity.idle_slots} slots)" if capacity.spill_class else
+            "spill: saturated, but no idle standard workers of one class: nothing spills")
+        table("saturated tier queues", ["queue", "waiting per slot"],
+              sorted(capacity.backlog.items()))
     table("boost changes (newest first)", ["time", "tenant", "old", "new", "why"],
           [(when(e.get("at")), e.get("tenant"), e.get("old"), e.get("new"), e.get("why"))
            for e in history])

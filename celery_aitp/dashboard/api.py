@@ -36,7 +36,7 @@ ENDPOINTS = {
     "GET /api/tenants": "per tenant: weight, work share vs fair share, queue wait p50/p95 per "
                         "tier; Jain's fairness index, priority entropy",
     "GET /api/queues": "every tier queue and the default queue: depth, oldest-message age, "
-                       "consumers, orphaned flag",
+                       "consumers, orphaned flag, spilling (backlog per slot)",
     "GET /api/workers": "AITP workers: accelerator class, tenants, tiers, queues, heartbeat "
                         "(and Flower's page of each, with --flower-url)",
     "GET /api/predictions": "predicted vs actual run time points, error by task, model",

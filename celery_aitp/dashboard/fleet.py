@@ -27,6 +27,7 @@ from celery_aitp.numbers import finite_number
 from celery_aitp.policy import Policy
 from celery_aitp.queues import all_tier_queues, parse_tier_queue
 from celery_aitp.redact import redact
+from celery_aitp.scheduling.spill import read_capacity
 from celery_aitp.scheduling.usage import read_usage
 from celery_aitp.store import RedisStore
 
@@ -60,6 +61,9 @@ class Snapshot:
     observations: list[dict[str, Any]] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     fair_share: dict[str, Any] = field(default_factory=dict)
+    #: The producers' spill view: saturated tier queues (backlog per slot), the
+    #: standard workers' class and idle slots (scheduling/spill.py).
+    spill: dict[str, Any] = field(default_factory=dict)
 
 
 def decisions_total(counts: Mapping[str, int]) -> int:
@@ -219,6 +223,11 @@ class Fleet:
             fair_share = read_usage(store, self.policy, now).as_dict()
         except Exception as exc:  # malformed usage entries must not hide the rest
             fair_share = {"error": redact(f"{type(exc).__name__}: {exc}")}
+        try:
+            spill = read_capacity(store, self.policy.spill).as_dict() \
+                if self.policy.spill.enabled else {}
+        except Exception as exc:  # malformed reports must not hide the rest
+            spill = {"error": redact(f"{type(exc).__name__}: {exc}")}
         return Snapshot(
             at=now, store_ok=True, stage=stage.value, split=split.model_dump(mode="json"),
             stage_history=store.stage_history(20), workers=store.workers(),
@@ -228,7 +237,7 @@ class Fleet:
             else recorded_rate(self.decisions, now),
             rate_history=self.history.history(), model=model,
             observations=self.obs.records(), decisions=self.decisions.records(),
-            fair_share=fair_share,
+            fair_share=fair_share, spill=spill,
         )
 
     def queue_ops(self) -> Any:
@@ -256,6 +265,10 @@ class Fleet:
                            broker_error=redact(f"{type(exc).__name__}: {exc}"))
         rows = [self._queue_row(q, held, depths.get(q), ages.get(q), alive, snap.live_queues)
                 for q, held in groups.items()]
+        backlog = snap.spill.get("backlog_per_slot") or {}
+        for row, held in zip(rows, groups.values(), strict=True):
+            spilling = [backlog[q] for q in held if q in backlog]
+            row["spilling"] = max(spilling) if spilling else None  # waiting per slot
         return replace(snap, queues=rows, broker_ok=True)
 
     def _queue_row(self, name: str, held: list[str], depth: int | None, age: float | None,

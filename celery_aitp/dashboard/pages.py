@@ -139,7 +139,8 @@ def queues(snap: Snapshot, default_queue: str) -> dict[str, Any]:
     depths = [q["depth"] for q in rows if isinstance(q.get("depth"), int)]
     return {"at": snap.at, "health": _health(snap), "default_queue": default_queue,
             "queues": rows, "total_depth": sum(depths) if depths else None,
-            "orphaned": [q["queue"] for q in rows if q.get("orphaned")]}
+            "orphaned": [q["queue"] for q in rows if q.get("orphaned")],
+            "spill": snap.spill}
 
 
 def workers(snap: Snapshot, ttl_s: float) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_aitp.policy import Policy
+from celery_aitp.publish.spill_stage import SPILL_REASON
 from celery_aitp.publish.split import SplitRule
 from celery_aitp.publish.stages import GATED_REASONS
 
@@ -152,7 +153,8 @@ class ArmStats:
                 self.sla_hits += wait <= sla_s
         if record.get("outcome") == "FAILURE":
             self.failures += 1
-        if record.get("arm") == "routed" and not record.get("routed"):
+        if record.get("arm") == "routed" and not record.get("routed") and \
+                record.get("reason") != SPILL_REASON:  # a spill is placement, not a failure
             self.fell_back += 1
         pair = prediction_pair(record)
         if pair is not None:
@@ -200,3 +202,15 @@ def arm_stats(records: Iterable[Record], policy: Policy,
                 _num(record.get("predicted_runtime_s")), _num(record.get("predicted_p90_s"))):
             arms["control"].add(record, sla_s)
     return arms
+
+
+def takeover_stats(records: Iterable[Record], policy: Policy) -> ArmStats:
+    """Takeover-stage runs as one routed arm (intent to treat: a task that fell back still
+    counts, and its fallback is counted); runs of other stages are left out."""
+    sla = {t.name: t.sla_s for t in policy.tiers}
+    stats = ArmStats()
+    for record in records:
+        if record.get("stage") != "takeover":
+            continue
+        stats.add({**record, "arm": "routed"}, sla.get(str(record.get("tier"))))
+    return stats

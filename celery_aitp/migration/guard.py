@@ -8,6 +8,14 @@ passing analyses move it to the next step; after the last, it switches to takeov
 back to coexistence (tier queues drained, nothing lost) and says why, in its output
 and in the audit log. Too few routed runs make an analysis inconclusive: it waits.
 
+It keeps watching after takeover (``watch_takeover``): the same analyses run on the
+takeover stage's runs, all of them one routed arm, compared with the *baseline*: the
+control group of the last split analysis that had ``min_samples`` control runs (there
+is no control group when everything is routed). ``failure_limit`` failed analyses in
+takeover step back to split at the last step below 100% (or to coexistence, by
+``takeover_step_back``), audited like every other move; the guard then watches that
+split and does not promote again in the same run, so a bad takeover cannot flap.
+
 It only ever writes the stage with compare-and-set against what it wrote last, so a
 change made by hand meanwhile stops the guard instead of being overwritten. One guard
 runs at a time (an expiring lock); ``dry_run`` changes nothing and reports what it would do.
@@ -23,7 +31,7 @@ from typing import Any
 
 from celery_aitp.errors import AdapterError, AitpError, StageConflict, StoreError
 from celery_aitp.migration import guard_state
-from celery_aitp.migration.analysis import arm_stats
+from celery_aitp.migration.analysis import ArmStats, arm_stats, takeover_stats
 from celery_aitp.migration.checks import Analysis, analyse
 from celery_aitp.migration.control import StageControl, who_am_i
 from celery_aitp.migration.records import MAX_RECORDS, last_id, records_since
@@ -59,6 +67,11 @@ class Guard:
         self.failures = 0
         self.state = "running"
         self.last: Analysis | None = None
+        #: True while the stage is takeover: the guard watches it against ``baseline``.
+        self.watching = False
+        #: The control group of the last split analysis with enough control runs.
+        self.baseline: ArmStats | None = None
+        self.may_promote = self.settings.promote
         self._split = SplitSettings()
         self._doc: dict[str, Any] | None = None  # what the stage is as far as we know
         self._cursor: str | None = None
@@ -81,12 +94,24 @@ class Guard:
     def start(self) -> None:
         """Take the lock, pick the starting step and set the split to it."""
         stage, split, doc = self.control.read()
-        if stage is Stage.TAKEOVER:
+        if stage is Stage.TAKEOVER and not self.settings.watch_takeover:
             raise GuardError("the stage is takeover already: nothing to guard "
-                             "(switch to split or coexistence first)")
+                             "(switch to split or coexistence first, or set "
+                             "guard.watch_takeover)")
         if not self.dry_run and not guard_state.acquire(self.store, self.who, self.lock_ttl_s):
             raise GuardError("another guard is running (see 'celery aitp status')")
         steps = self.settings.steps
+        if stage is Stage.TAKEOVER:
+            self.index, self.watching, self.may_promote = len(steps) - 1, True, False
+            self._split, self._doc = split, doc
+            self._cursor = last_id(self.store, self.store.keys.observations) or "0-0"
+            self.baseline = self._saved_baseline()
+            self.say(f"watching takeover against the last guard's baseline of "
+                     f"{self.baseline.n} control runs" if self.baseline else
+                     "watching takeover (no split baseline: the checks against a control "
+                     "group are skipped)")
+            self._save()
+            return
         current = split.percent if stage is Stage.SPLIT else 0.0
         self.index = next((i for i, p in enumerate(steps) if p >= current), len(steps) - 1)
         self._split, self._doc = split, doc
@@ -109,8 +134,16 @@ class Guard:
         records, self._cursor = records_since(self.store, self.store.keys.observations,
                                               after_id=self._cursor)
         self._pending = (self._pending + records)[-MAX_RECORDS:]
-        arms = arm_stats(self._pending, self.middleware.policy, SplitRule(self._split))
-        analysis = analyse(self.settings, self.middleware.policy, arms, self._queue_ages())
+        policy = self.middleware.policy
+        if self.watching:  # everything is routed: compare with the split's baseline
+            arms = {"routed": takeover_stats(self._pending, policy),
+                    "control": self.baseline or ArmStats()}
+        else:
+            arms = arm_stats(self._pending, policy, SplitRule(self._split))
+            control = arms.get("control")
+            if control is not None and control.n >= self.settings.min_samples:
+                self.baseline = control
+        analysis = analyse(self.settings, policy, arms, self._queue_ages())
         if analysis.verdict != "inconclusive":
             self._pending = []
         return analysis
@@ -128,8 +161,7 @@ class Guard:
         if not self._still_ours():
             return False
         analysis = self.last = self.analyse()
-        self.say(f"step {self.index + 1}/{len(self.settings.steps)} at {self.percent:g}%: "
-                 f"{analysis.summary}")
+        self.say(f"{self.where}: {analysis.summary}")
         if analysis.verdict == "pass":
             self._passed()
         elif analysis.verdict == "fail":
@@ -137,7 +169,17 @@ class Guard:
         self._save()
         return self.state == "running"
 
+    @property
+    def where(self) -> str:
+        """Where the guard stands, as its messages say it."""
+        if self.watching:
+            return "takeover"
+        return f"step {self.index + 1}/{len(self.settings.steps)} at {self.percent:g}%"
+
     def _passed(self) -> None:
+        if self.watching:
+            self.passes = 0  # takeover holds: keep watching
+            return
         self.passes += 1
         if self.passes < self.settings.passes_per_step:
             return
@@ -146,20 +188,36 @@ class Guard:
             self.index += 1
             self._set_split(f"guard: step {self.index}/{len(self.settings.steps)} passed, "
                             f"promote to {self.percent:g}%")
-        elif self.settings.promote:
+        elif self.may_promote:
             self._write(Stage.TAKEOVER, "guard: every step passed, promote to takeover")
-            self._finish(PROMOTED, "promoted to takeover")
+            if self.state != "running":
+                return  # the write found a change by someone else
+            if self.settings.watch_takeover and not self.dry_run:
+                self.watching, self.failures = True, 0
+                base = self.baseline
+                self.say("promoted to takeover; watching it against the baseline of "
+                         + (f"{base.n} control runs" if base else "no control runs "
+                            "(checks against a control group skipped)"))
+            else:
+                self._finish(PROMOTED, "promoted to takeover")
         else:
-            self._finish(COMPLETED, f"every step passed; staying in split at {self.percent:g}%")
+            again = "" if self.may_promote == self.settings.promote else \
+                " (stepped back from takeover in this run: not promoting again)"
+            self._finish(COMPLETED, f"every step passed; staying in split at "
+                                    f"{self.percent:g}%{again}")
 
     def _failed(self, analysis: Analysis) -> None:
         self.failures += 1
         limit = self.settings.failure_limit
         if self.failures < limit:
-            self.say(f"failed analyses: {self.failures}/{limit} (rollback at {limit})")
+            self.say(f"failed analyses: {self.failures}/{limit} "
+                     f"({'step back' if self.watching else 'rollback'} at {limit})")
             return
-        why = (f"guard: rollback after {self.failures} failed analyses at "
-               f"{self.percent:g}%: " + "; ".join(c.detail for c in analysis.failed))
+        details = "; ".join(c.detail for c in analysis.failed)
+        if self.watching and self._step_back(details):
+            return
+        at = "in takeover" if self.watching else f"at {self.percent:g}%"
+        why = f"guard: rollback after {self.failures} failed analyses {at}: {details}"
         if self.dry_run:
             self._finish(ROLLED_BACK, f"would roll back to coexistence ({why})")
             return
@@ -171,6 +229,32 @@ class Guard:
         self._doc = change.new
         self._finish(ROLLED_BACK, f"rolled back to coexistence: {why}; moved "
                                   f"{change.moved_total} waiting message(s) to the default queue")
+
+    def _step_back(self, details: str) -> bool:
+        """Takeover failed: back to split at the last step below 100%, guarded again.
+        False when the policy says coexistence, or no step is below 100%."""
+        steps = self.settings.steps
+        below = [i for i, p in enumerate(steps) if p < 100]
+        if self.settings.takeover_step_back != "split" or not below:
+            return False
+        index = below[-1]
+        why = (f"guard: step back from takeover to split {steps[index]:g}% after "
+               f"{self.failures} failed analyses: {details}")
+        if self.dry_run:
+            self._finish(ROLLED_BACK, f"would step back ({why})")
+            return True
+        split = self._split.model_copy(update={"percent": steps[index]})
+        try:
+            change = self.control.change(Stage.SPLIT, split, self.who, why, expect=self._doc)
+        except StageConflict:
+            self._finish(STOPPED, "the stage was changed by someone else; not stepping back")
+            return True
+        self._doc, self._split, self.index = change.new, split, index
+        self.watching, self.may_promote = False, False
+        self.failures = self.passes = 0
+        self.say(f"stepped back to split at {steps[index]:g}%: {why}; watching the split, "
+                 "no promotion again in this run")
+        return True
 
     # --- writing ----------------------------------------------------------------
 
@@ -190,6 +274,11 @@ class Guard:
             return
         self._doc = change.new
         self.say(why)
+
+    def _saved_baseline(self) -> ArmStats | None:
+        """The baseline the last guard kept in the store (a guard started in takeover)."""
+        previous = guard_state.read_guard_state(self.store)
+        return guard_state.baseline_of(previous.get("baseline")) if previous else None
 
     def _still_ours(self) -> bool:
         """False (and stop) if the stage was changed by anyone but this guard."""
@@ -219,6 +308,8 @@ class Guard:
         guard_state.write_guard_state(self.store, {
             "state": self.state, "owner": self.who, "steps": list(self.settings.steps),
             "step": self.index, "percent": self.percent, "passes": self.passes,
+            "watching": "takeover" if self.watching else "split",
+            "baseline": guard_state.baseline_doc(self.baseline) if self.baseline else None,
             "failures": self.failures, "failure_limit": self.settings.failure_limit,
             "last": {"at": time.time(), "verdict": last.verdict, "summary": last.summary}
             if last else None,

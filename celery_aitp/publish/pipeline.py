@@ -7,6 +7,9 @@ result depends on besides the head's results and the shared view (``memo_key``),
 decision memo (:mod:`celery_aitp.publish.memo`) can hand one tail result to every task
 with the same key without re-implementing any stage.
 
+The spill stage (``spill``) runs when the policy enables it; it may send a task the gate
+let through to the default queue (see :mod:`celery_aitp.publish.spill_stage`).
+
 The default stage list is built from the policy in :func:`default_stages`; a later
 capability swaps one entry (for example the oracle's predictor in a benchmark).
 """
@@ -23,12 +26,14 @@ from celery_aitp.policy import Policy
 from celery_aitp.publish.predict_stage import prediction_stages
 from celery_aitp.publish.priority_stage import PriorityStage
 from celery_aitp.publish.profile_stage import ProfileStage
+from celery_aitp.publish.spill_stage import SpillStage
 from celery_aitp.publish.stages import GateStage, PublishStage, RouteStage, TenantStage
 from celery_aitp.publish.visibility_stage import VisibilityStage
+from celery_aitp.scheduling.spill import SpillSource
 
 #: The fixed order of stage names; replacing a stage keeps its slot.
 STAGE_ORDER = ("tenant", "features", "predict", "profile", "priority", "route", "gate",
-               "visibility")
+               "spill", "visibility")
 #: The head: stages every task runs, whose results go into the memo key.
 HEAD = frozenset({"tenant", "features", "predict"})
 
@@ -49,6 +54,8 @@ def default_stages(policy: Policy, profile_refresh_s: float = 10.0,
     extra: dict[str, PublishStage] = {}
     if visibility_timeout_s is not None and guard.enabled:
         extra["visibility"] = VisibilityStage(guard, visibility_timeout_s)
+    if policy.spill.enabled:
+        extra["spill"] = SpillStage(policy, SpillSource(policy.spill, wall))
     return {
         "tenant": TenantStage(policy, producer_tenant),
         **prediction_stages(clock),

@@ -114,6 +114,8 @@ class AitpWorkerStep(bootsteps.StartStopStep):
                                aitp_no_default_queue)
         self.store_configured = self._check_store(app)
         self.hostname = worker.hostname
+        self.concurrency = getattr(worker, "concurrency", None) or 1
+        self._occupancy: Any = None
         self._follow_usage = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -190,6 +192,9 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         janitor = Janitor(self.middleware)
         self._spawn("aitp-janitor", lambda: janitor.run(self._stop))
         policy = self.middleware.policy
+        if policy.spill.enabled:  # what producers spill by: scheduling/spill.py
+            reporter = self._occupancy = self._reporter(worker)
+            self._spawn("aitp-occupancy", lambda: reporter.run(self._stop))
         if policy.feedback.enabled:  # boosts for tenants missing SLAs: scheduling/feedback.py
             feedback = FeedbackPass(self.middleware.store, policy,
                                     self.middleware.settings.evacuate_interval_s)
@@ -198,8 +203,25 @@ class AitpWorkerStep(bootsteps.StartStopStep):
             ager = aging.Ager(self.middleware)  # RabbitMQ's no-starvation: worker/aging.py
             self._spawn("aitp-aging", lambda: ager.run(self._stop))
 
+    def _reporter(self, worker: Any) -> Any:
+        from celery_aitp.worker.occupancy import OccupancyReporter
+
+        app = worker.app
+
+        def consumes_default() -> bool:
+            try:
+                return app.conf.task_default_queue in app.amqp.queues.consume_from
+            except Exception:  # unknown: a standard worker consumes it unless told not to
+                return not self.plan.no_default_queue
+
+        queues = self.plan.queue_names() if self.plan.enabled else []
+        return OccupancyReporter(self.middleware, self.hostname, self.concurrency,
+                                 self.plan.accelerator, queues, consumes_default)
+
     def stop(self, worker: Any) -> None:
         self._stop.set()
+        if self._occupancy is not None:
+            self._occupancy.withdraw()
         if self.plan.enabled:
             try:
                 self.middleware.store.withdraw(self.hostname)

@@ -103,6 +103,13 @@ def where(self, x: int = 0) -> dict:
     return _where(self.request, x)
 
 
+@app.task(shared=False, bind=True, aitp={"tier": "hi", "runtime_hint_s": 0.4})
+def busy_hi(self, x: int = 0, sleep: float = 0.4) -> dict:
+    """A top-tier task of a known size: where it ran (spill tests)."""
+    time.sleep(sleep)
+    return _where(self.request, x)
+
+
 @app.task(shared=False, bind=True, aitp={"tier": "hi"})
 def where_hi(self, x: int = 0) -> dict:
     """``where`` for a top-tier task."""

@@ -241,3 +241,47 @@ def test_the_guard_rolls_back_a_routed_arm_that_misses_its_sla(guarded, proj, st
     assert not any(tier_depths(proj).values())
     status = cli("status")
     assert "guard: rolled_back" in status.stdout, status.stdout
+
+
+WATCHING = {**GUARDED, "guard": {**GUARDED["guard"], "promote": True, "watch_takeover": True}}
+
+
+def test_the_guard_steps_a_failing_takeover_back_to_split(deployment, monkeypatch, proj,
+                                                          start_worker):
+    monkeypatch.setenv("AITP_TEST_POLICY", json.dumps(WATCHING))
+    set_stage(proj, Stage.TAKEOVER)
+    start_worker("slow", "--aitp-tenant", "acme", "--aitp-no-default-queue")  # one process
+    start_worker("plain", pool="threads", concurrency=6)
+    wait_live(proj, "aitp.acme.cpu.hi")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    guard = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tests.apps.proj", "aitp",
+                              "guard"], env=env, cwd=str(ROOT), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    store = proj.app.aitp.store
+    try:
+        deadline = time.monotonic() + 20
+        while guard_state_of(store) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        headers = {"aitp_tenant": "acme"}  # 1 s each on one process: hi's 1 s SLA missed
+        results = [proj.hi.apply_async((i, 1.0), headers=headers) for i in range(6)]
+        deadline = time.monotonic() + 60
+        while (store.read_stage() or {}).get("stage") != "split":
+            assert time.monotonic() < deadline, "the guard never stepped back"
+            assert guard.poll() is None, guard.communicate()[0]
+            time.sleep(0.2)
+    finally:
+        guard.terminate()  # it keeps watching the split: SIGTERM stops it (exit 3)
+        output, _ = guard.communicate(timeout=30)
+    print(output)
+    assert "watching takeover" in output and "stepped back to split at 50%" in output, output
+    last = store.stage_history(1)[0]
+    assert last["old"]["stage"] == "takeover" and last["new"]["stage"] == "split"
+    assert last["new"]["split"]["percent"] == 50 and "(guard, pid" in last["who"]
+    assert "step back from takeover" in last["why"] and "sla_hit_rate" in last["why"]
+    assert sorted(r.get(timeout=30)["x"] for r in results) == list(range(6))  # none lost
+
+
+def guard_state_of(store: Any) -> Any:
+    from celery_aitp.migration import guard_state
+
+    return guard_state.read_guard_state(store)

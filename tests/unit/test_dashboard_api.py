@@ -414,3 +414,39 @@ def test_a_failing_broker_adapter_leaves_the_rest_of_the_pages_working(store):
     assert client.get("/api/overview").status_code == 200
     assert client.get("/metrics").status_code == 200
     assert client.get("/readyz").json()["checks"]["broker"]["ok"] is False
+
+
+def test_queues_show_which_tier_queues_spill(client, store):
+    import json
+    import time
+
+    from celery_aitp.scheduling.spill import occupancy_key
+
+    now = time.time()
+    reports = {
+        "gpu1@host": {"at": now, "slots": 2, "busy": 2, "accelerator": "gpu",
+                      "default_queue": False, "queues": ["aitp.acme.gpu.hi"],
+                      "depths": {"aitp.acme.gpu.hi": 5}},
+        "std@host": {"at": now, "slots": 4, "busy": 1, "accelerator": "gpu",
+                     "default_queue": True, "queues": [], "depths": {}},
+    }
+    for name, doc in reports.items():
+        store.client.hset(occupancy_key(store), name, json.dumps(doc))
+    data = client.get("/api/queues").json()
+    rows = {q["queue"]: q for q in data["queues"]}
+    assert rows["aitp.acme.gpu.hi"]["spilling"] == 2.5  # waiting per serving slot
+    assert rows["aitp.acme.gpu.mid"]["spilling"] is None
+    assert data["spill"] == {"backlog_per_slot": {"aitp.acme.gpu.hi": 2.5},
+                             "spill_class": "gpu", "idle_slots": 3, "open_queues": []}
+
+
+def test_spilled_decisions_are_exported_with_their_reason(store, ops):
+    store.add_counts({"decisions:takeover:acme:hi:cpu:spill": 4,
+                      "decisions:takeover:acme:hi:cpu:routed": 6})
+    client, _ = make_client(store, ops)
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    spilled = {(s.labels["reason"], s.labels["outcome"]): s.value
+               for s in families["aitp_decisions"].samples
+               if s.name.endswith("_total") and s.labels["tier"] == "hi"
+               and s.labels["accelerator"] == "cpu"}
+    assert spilled[("spill", "fallback")] == 4 and spilled[("routed", "routed")] == 6

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -91,7 +92,7 @@ def test_a_routed_arm_that_misses_its_sla_is_rolled_back_with_the_reason(mw, ops
 
 
 def test_a_passing_arm_is_promoted_step_by_step_to_takeover(mw, ops):
-    guard = make_guard(mw, ops, [])
+    guard = make_guard(mw, ops, [], watch_takeover=False)
     guard.start()
     seen = [stage_of(mw)]
     while guard.state == "running":
@@ -192,7 +193,7 @@ def test_the_guard_resumes_from_the_current_split_and_refuses_takeover(mw, ops):
     assert StageControl(mw).read()[1].tenants == ("acme",)  # selectors kept
     mw.store.write_stage(stage_doc(Stage.TAKEOVER, SplitSettings()), "me")
     with pytest.raises(GuardError, match="takeover already"):
-        make_guard(mw, ops, []).start()
+        make_guard(mw, ops, [], watch_takeover=False).start()
 
 
 def test_only_one_guard_runs_at_a_time(mw, ops):
@@ -223,3 +224,108 @@ def test_status_shows_the_guard(app, mw, ops):
     out = CliRunner().invoke(aitp, ["status"], obj=SimpleNamespace(app=app))
     assert out.exit_code == 0, out.output
     assert "guard: running" in out.output and "at 10% (step 1/3, failures 0/2)" in out.output
+
+
+# --- watching takeover ------------------------------------------------------------------
+
+def feed_takeover(mw: Any, n: int, wait_s: float, **fields: Any) -> None:
+    """Runs as workers record them in takeover: no arm, every task routed."""
+    records = [{"task": "t", "tenant": "acme", "tier": "hi", "stage": "takeover",
+                "routed": True, "reason": "routed", "wait_s": wait_s, "runtime_s": 0.1,
+                "outcome": "SUCCESS", **fields} for _ in range(n)]
+    mw.store.append_records(mw.store.keys.observations, records, 10_000)
+
+
+def promoted(mw: Any, ops: MemoryQueueOps, lines: list[str], **changes: Any) -> Guard:
+    guard = make_guard(mw, ops, lines, **changes)
+    guard.start()
+    while not guard.watching:
+        feed(mw, "routed", 6, wait_s=0.1)
+        feed(mw, "standard", 6, wait_s=0.3)
+        assert guard.step()
+    return guard
+
+
+def test_after_promotion_the_guard_watches_takeover_against_the_split_baseline(mw, ops):
+    lines: list[str] = []
+    guard = promoted(mw, ops, lines)
+    assert guard.state == "running" and stage_of(mw)[0] is Stage.TAKEOVER
+    assert guard.baseline is not None and guard.baseline.n == 6  # the 50% step's control
+    assert any("watching it against the baseline of 6 control runs" in x for x in lines)
+    feed(mw, "routed", 6, wait_s=0.1)  # left-over split runs are not takeover's
+    feed_takeover(mw, 6, wait_s=0.2)
+    assert guard.step() and stage_of(mw)[0] is Stage.TAKEOVER
+    assert guard.last is not None and guard.last.verdict == "pass"
+    assert guard.last.routed_runs == 6 and guard.last.control_runs == 6
+    assert "wait p90 0.2 s <= 1.5 x 0.3 s + 0.5 s" in guard.last.summary
+    state = guard_state.read_guard_state(mw.store)
+    assert state is not None and state["watching"] == "takeover"
+    assert state["baseline"]["runs"] == 6
+    assert "watching takeover (failures 0/2, baseline 6 control runs)" in \
+        guard_state.describe_guard(state)
+
+
+def test_a_failing_takeover_steps_back_to_split_audited_and_is_not_promoted_again(mw, ops):
+    lines: list[str] = []
+    guard = promoted(mw, ops, lines)
+    for _ in range(2):  # failure_limit analyses, each missing hi's 1 s SLA
+        feed_takeover(mw, 6, wait_s=3.0)
+        assert guard.step()
+    assert stage_of(mw) == (Stage.SPLIT, 50)  # the last step below 100%
+    entry = mw.store.stage_history(1)[0]
+    assert "(guard, pid" in entry["who"] and entry["old"]["stage"] == "takeover"
+    assert "step back from takeover to split 50% after 2 failed analyses" in entry["why"]
+    assert "sla_hit_rate 0.0% < 95.0%" in entry["why"]
+    assert "wait p90 3 s > 1.5 x 0.3 s + 0.5 s" in entry["why"]
+    assert not guard.watching and guard.state == "running"
+    while guard.state == "running":  # the split passes again: it stays in split
+        feed(mw, "routed", 6, wait_s=0.1)
+        feed(mw, "standard", 6, wait_s=0.3)
+        guard.step()
+    assert guard.state == COMPLETED and stage_of(mw) == (Stage.SPLIT, 100)
+    assert "not promoting again" in lines[-1]
+
+
+def test_started_in_takeover_it_watches_and_can_roll_back_to_coexistence(mw, ops):
+    mw.store.write_stage(stage_doc(Stage.TAKEOVER, SplitSettings()), "me")
+    lines: list[str] = []
+    guard = make_guard(mw, ops, lines, takeover_step_back="coexistence")
+    guard.start()
+    assert guard.watching and "no split baseline" in lines[0]
+    now = time.time()  # fresh messages: the starvation check passes
+    ops.queues["aitp.acme.cpu.hi"].extend((now, f"waiting-{i}") for i in range(3))
+    for _ in range(2):
+        feed_takeover(mw, 6, wait_s=0.2, routed=False, reason="no_live_worker")
+        running = guard.step()
+    assert guard.last is not None and [c.name for c in guard.last.failed] == ["fallback_rate"]
+    assert "wait not checked (0 control runs)" in [c.detail for c in guard.last.checks]
+    assert not running and guard.state == ROLLED_BACK
+    assert stage_of(mw)[0] is Stage.COEXISTENCE
+    why = mw.store.stage_history(1)[0]["why"]
+    assert "rollback after 2 failed analyses in takeover" in why
+    assert "fallback_rate 100.0% > 5.0%" in why
+    assert len(ops.queues["default-q"]) == 3  # drained, nothing lost
+
+
+def test_a_guard_started_in_takeover_uses_the_last_guards_baseline(mw, ops):
+    first = promoted(mw, ops, [])
+    first._finish(STOPPED, "stopped by the test")
+    first._save()  # keeps the baseline in the store, releases the lock
+    lines: list[str] = []
+    second = make_guard(mw, ops, lines)
+    second.start()
+    assert second.watching and second.baseline is not None
+    assert (second.baseline.n, second.baseline.wait(0.9)) == (6, pytest.approx(0.3))
+    assert "against the last guard's baseline of 6 control runs" in lines[0]
+    feed_takeover(mw, 6, wait_s=3.0)
+    second.step()
+    assert "wait p90 3 s > 1.5 x 0.3 s + 0.5 s" in second.last.summary  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("bad", [None, "x", {"runs": 3}, {"runs": 3, "failures": 5,
+                                                          "waits": [0.1]},
+                                 {"runs": 3, "failures": 0, "waits": []},
+                                 {"runs": 3, "failures": 0, "waits": [0.1, "slow"]},
+                                 {"runs": 3, "failures": 0, "waits": [float("nan")]}])
+def test_a_malformed_saved_baseline_is_no_baseline(bad):
+    assert guard_state.baseline_of(bad) is None

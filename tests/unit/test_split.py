@@ -86,7 +86,7 @@ def test_task_globs_are_compiled_like_fnmatch():
 
 def test_gate_recompiles_only_when_the_split_object_changes():
     pipeline = Pipeline(default_stages(POLICY))
-    gate = pipeline.stages[-1]
+    gate = next(s for s in pipeline.stages if s.name == "gate")
     first = SplitSettings(percent=100, tenants=("acme",))
     decide(Request("t", "1", headers={"aitp_tenant": "acme"}), first, pipeline)
     rule = gate._rule  # type: ignore[attr-defined]

@@ -133,7 +133,7 @@
         title: q.queue + ": " + q.depth + " waiting" + (q.orphaned ? " (orphaned)" : "") };
     }), { labelWidth: 220, empty: "no queue has messages or consumers" });
     fill("queues-table", visible.map(function (q) {
-      var state = q.kind === "default" ? badge("default", "info") : (q.orphaned ? badge("orphaned", "bad") : (q.live ? badge("served", "ok") : badge("no consumer")));
+      var state = q.kind === "default" ? badge("default", "info") : (q.orphaned ? badge("orphaned", "bad") : (q.spilling ? badge("spilling (" + fmt(q.spilling) + " waiting per slot)", "warn") : (q.live ? badge("served", "ok") : badge("no consumer"))));
       return node("tr", { "data-queue": q.queue, className: q.orphaned ? "orphaned" : (q.kind === "default" ? "default" : "") }, [
         cell(q.queue), cell(q.kind), cell(q.tenant), cell(q.accelerator), cell(q.tier),
         cell(q.depth, { className: "num", "data-field": "depth" }),
