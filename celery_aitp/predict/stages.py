@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from celery_aitp.predict.features import base_of
 from celery_aitp.predict.history import EMPTY_HISTORY, HISTORY_SOURCE, HistorySource
 from celery_aitp.predict.model_source import MODEL_SOURCE, ModelSource
 from celery_aitp.publish.live_view import View
@@ -41,7 +42,7 @@ class FeatureStage:
             return  # cold start needs no features; or the caller computed the key
         tenant = decision.tenant
         task = request.task
-        history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features.get((tenant, task))
+        history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).of(tenant, task)
         # the key alone when the model can be walked over it, else the vector
         build = model.request_key or model.spec.vector
         found = build(task, tenant, request.args, request.kwargs, request.args_bytes,
@@ -64,23 +65,26 @@ class PredictStage:
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         key = decision.feature_key
-        if key is not None:
-            model = view.sources.get(MODEL_SOURCE)
-            if model is not None and model.request_key is not None:
+        model = view.sources.get(MODEL_SOURCE) if key is not None or decision.features else None
+        if model is not None:
+            features = decision.features
+            if key is not None and model.request_key is not None:
                 p50, p90, _hit = model.compiled.predict_key(key)
-                decision.predicted_runtime_s = p50
-                decision.predicted_p90_s = p90
-                decision.prediction_source = "model"
-                return
-        features = decision.features
-        if features:
-            model = view.sources.get(MODEL_SOURCE)
-            if model is not None and len(features) == len(model.spec.names):
+            elif features and len(features) == len(model.spec.names):
                 p50, p90, _hit = model.compiled.predict(features)
-                decision.predicted_runtime_s = p50
-                decision.predicted_p90_s = p90
-                decision.prediction_source = "model"
-                return
+            else:
+                model = None
+        if model is not None:
+            default = model.base_default_s
+            if default is not None:  # the model corrects the history estimate
+                history = view.sources.get(HISTORY_SOURCE, EMPTY_HISTORY)
+                base = base_of(history.of(decision.tenant, request.task), default)
+                p50 *= base
+                p90 *= base
+            decision.predicted_runtime_s = p50
+            decision.predicted_p90_s = p90
+            decision.prediction_source = "model"
+            return
         history = view.sources.get(HISTORY_SOURCE, EMPTY_HISTORY)
         found = history.estimates.get((decision.tenant, request.task))
         source = "history"
