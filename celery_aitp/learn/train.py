@@ -26,6 +26,7 @@ publish path; never pickled.
 from __future__ import annotations
 
 import hashlib
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -216,15 +217,18 @@ def _fit(spec: FeatureSpec, data: Matrix, config: TrainConfig, objective: str,
 
 
 def _fit_pair(spec: FeatureSpec, data: Matrix, config: TrainConfig, report: Report,
-              label: str, valid: Matrix | None = None,
-              rounds: int | None = None) -> tuple[Any, Any]:
+              label: str, valid: Matrix | None = None, rounds: int | None = None,
+              p90_shift: float = 0.0) -> tuple[Any, Any]:
     """The p50 model (its number of trees chosen on ``valid`` if given: it then predicts
-    with its ``best_iteration``), and the p90 offset model boosted from its scores."""
+    with its ``best_iteration``), and the p90 offset model boosted from its scores.
+
+    ``p90_shift`` raises the p90 by that much log runtime: boosting from scores lowered
+    by it, the trees learn the quantile plus the shift (init scores are not saved)."""
     p50 = _fit(spec, data, config, config.objective, rounds or config.rounds, report,
                f"{label} p50", valid=valid)
     base = p50.predict(data.x, raw_score=True)
     p90 = _fit(spec, data, config, "quantile", config.p90_rounds, report, f"{label} p90",
-               init_score=base)
+               init_score=base - p90_shift)
     return p50, p90
 
 
@@ -232,6 +236,24 @@ def predict_log(boosters: tuple[Any, Any], x: Any) -> tuple[Any, Any]:
     """Log-runtime p50 and p90 of a matrix (the p90 model predicts an offset)."""
     low = boosters[0].predict(x, raw_score=True)
     return low, low + boosters[1].predict(x, raw_score=True)
+
+
+#: The p90 calibration moves it at most this much log runtime (a factor of e^1.5).
+MAX_P90_SHIFT = 1.5
+
+
+def p90_shift(truth: Sequence[float], upper: Sequence[float], quantile: float) -> float:
+    """Log-runtime shift that makes the p90 cover ``quantile`` of the validation runs.
+
+    The validation part is the newest: on real job logs a quantile model fitted on older
+    runs covers fewer of the newer ones (split conformal calibration, one constant).
+    """
+    if not truth:
+        return 0.0
+    misses = sorted(math.log(max(t, MIN_RUNTIME_S)) - math.log(max(u, MIN_RUNTIME_S))
+                    for t, u in zip(truth, upper, strict=True))
+    rank = min(len(misses) - 1, max(0, math.ceil(quantile * len(misses)) - 1))
+    return max(-MAX_P90_SHIFT, min(MAX_P90_SHIFT, misses[rank]))
 
 
 def make_spec(dataset: Dataset) -> FeatureSpec:
@@ -274,11 +296,12 @@ def train(records: Iterable[Any], config: TrainConfig | None = None,
         + ("promotable" if result.promotable else "does not beat the last-two baseline")
     )
     rounds = chosen[0].best_iteration or chosen[0].num_trees()
+    shift = p90_shift(truth, upper, config.quantile)
     final = _fit_pair(spec, Matrix(spec, dataset.observations, default_s), config, report,
-                      "final", rounds=rounds)
+                      "final", rounds=rounds, p90_shift=shift)
     split = (len(train_part), len(valid_part))
     result.bundle = _bundle(spec, dataset, final, config, result, split, valid_x,
-                            default_s, rounds)
+                            default_s, rounds, shift)
     verify_with_lightgbm(result.bundle, final)
     result.seconds = time.perf_counter() - started
     return result
@@ -286,7 +309,8 @@ def train(records: Iterable[Any], config: TrainConfig | None = None,
 
 def _bundle(spec: FeatureSpec, dataset: Dataset, boosters: tuple[Any, Any],
             config: TrainConfig, result: TrainResult, split: tuple[int, int],
-            sample: Matrix, default_s: float | None, rounds: int) -> ModelBundle:
+            sample: Matrix, default_s: float | None, rounds: int,
+            shift: float) -> ModelBundle:
     p50_text = boosters[0].model_to_string()
     p90_text = boosters[1].model_to_string()
     digest = hashlib.sha256((p50_text + p90_text).encode()).hexdigest()[:10]
@@ -309,6 +333,7 @@ def _bundle(spec: FeatureSpec, dataset: Dataset, boosters: tuple[Any, Any],
         "target": "log(runtime_s / base)" if default_s is not None else "log(runtime_s)",
         "quantile": config.quantile,
         "p90": "offset",  # p90 score = p50 score + p90 model score
+        "p90_shift": shift,
         "params": {"p50": config.params(config.objective), "p90": config.params("quantile"),
                    "rounds": rounds, "p90_rounds": config.p90_rounds},
         "metrics": {s.name: s.as_dict() for s in result.scores} | {
