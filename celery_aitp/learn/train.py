@@ -307,6 +307,23 @@ def train(records: Iterable[Any], config: TrainConfig | None = None,
     return result
 
 
+def current_model_mae(result: TrainResult, current: ModelBundle) -> float:
+    """MAE (seconds) of the model in use on the new model's validation records: the same
+    window, so promotion compares like with like. ModelError if it cannot predict them
+    (e.g. another feature schema)."""
+    from celery_aitp.predict.bundle import base_default, booster_from_text, spec_from_meta
+
+    if result.bundle is None:
+        raise ValueError("no new model to compare with")
+    valid = result.dataset.observations[-int(result.bundle.meta["records"]["valid"]):]
+    spec = spec_from_meta(current.meta)
+    boosters = (booster_from_text(current.p50_text, "current p50 model"),
+                booster_from_text(current.p90_text, "current p90 model"))
+    low, _ = Matrix(spec, valid, base_default(current.meta)).seconds(boosters)
+    truth = [o.runtime_s or 0.0 for o in valid]
+    return scores("current model", truth, low.tolist()).mae
+
+
 def _bundle(spec: FeatureSpec, dataset: Dataset, boosters: tuple[Any, Any],
             config: TrainConfig, result: TrainResult, split: tuple[int, int],
             sample: Matrix, default_s: float | None, rounds: int,
