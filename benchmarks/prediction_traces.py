@@ -189,7 +189,10 @@ def trace_sets(paths: list[Path]) -> list[tuple[str, list[Any], str]]:
         with open_text(path) as handle:
             records = list(swf_records(handle, result))
         name = path.name.split(".swf")[0]
-        out.append((name, records, result.summary().split("; ", 1)[-1]))
+        skipped = sum(result.skipped.values())
+        reasons = ", ".join(f"{why}: {n}" for why, n in result.skipped.most_common())
+        out.append((name, records, f"skipped {skipped} ({reasons})" if skipped
+                    else "none skipped"))
     return out
 
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from celery_aitp.predict.features import (
     BASE_FEATURES,
     BIG,
+    HISTORY_FEATURES,
     FeatureSpec,
     argument_features,
-    HISTORY_FEATURES,
     base_of,
     history_features,
     hour_and_weekday,
