@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import click
@@ -10,6 +11,7 @@ import click
 from celery_aitp.cli.celery_command import middleware_of
 from celery_aitp.cli.output import console, emit_json, fail, table
 from celery_aitp.errors import AitpError
+from celery_aitp.predict.drift import BOUND, MIN_RUNS, DriftStore
 from celery_aitp.predict.model_store import Actor, ModelStore
 
 
@@ -38,7 +40,9 @@ def command(ctx: click.Context, as_json: bool) -> None:
         if meta:
             meta.pop("check", None)
         emit_json({"current": meta, "history": history, "pinned": pinned, "kept": kept,
-                   "audit": audit})
+                   "audit": audit, "drift": {task: {"error": avg, "runs": runs}
+                                             for task, (avg, runs) in
+                                             DriftStore(models.store).read().items()}})
         return
     if bundle is None:
         console.print("no runtime model yet: predictions are cold-start estimates "
@@ -56,12 +60,28 @@ def command(ctx: click.Context, as_json: bool) -> None:
     table("promotions", ["version", "trained", "records"],
           [(h.get("version"), _when(h.get("trained_at")), (h.get("records") or {}).get("used"))
            for h in history])
+    show_drift(models)
     console.print(f"kept for pin/rollback: {', '.join(kept) or 'none'}"
                   + (f"; [bold]pinned[/bold]: {pinned}" if pinned else ""))
     if audit:
         table("pins and rollbacks", ["when", "action", "version", "from", "who", "where", "why"],
               [(_when(a.get("at")), a.get("action"), a.get("version"), a.get("from_version"),
                 a.get("who"), a.get("where"), a.get("why")) for a in audit])
+
+
+def show_drift(models: ModelStore) -> None:
+    """Live error per task; those beyond the bound are predicted from history."""
+    try:
+        averages = DriftStore(models.store).read()
+    except AitpError:
+        return
+    if not averages:
+        return
+    rows = [(task, f"{math.exp(avg):.2f}x", runs,
+             "history (drift)" if runs >= MIN_RUNS and avg > BOUND else "model")
+            for task, (avg, runs) in sorted(averages.items(), key=lambda kv: -kv[1][0])]
+    table(f"live error per task (typical miss; beyond {math.exp(BOUND):.0f}x over "
+          f"{MIN_RUNS}+ runs: history)", ["task", "typical miss", "runs", "predicted by"], rows)
 
 
 _REASON = click.option("--reason", required=True, help="Why (kept in the audit trail).")

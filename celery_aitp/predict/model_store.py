@@ -26,6 +26,7 @@ import redis
 
 from celery_aitp.errors import ModelError, StoreError
 from celery_aitp.predict.bundle import ModelBundle, load_bundle, parse_meta
+from celery_aitp.predict.drift import DriftStore
 from celery_aitp.store import RedisStore
 
 HISTORY_LIMIT = 20
@@ -69,6 +70,7 @@ class ModelStore:
     """Read and promote runtime models in one deployment's store."""
 
     def __init__(self, store: RedisStore, keep: int = KEEP) -> None:
+        self.store = store
         self.client = store.client
         self.key = store.keys.model
         self.history_key = store.keys.any("model", "history")
@@ -76,6 +78,7 @@ class ModelStore:
         self.bundles_key = store.keys.any("model", "bundles")
         self.audit_key = store.keys.any("model", "audit")
         self.keep = max(1, keep)
+        self._drift = DriftStore(store)
 
     def version(self) -> str | None:
         """The current model version, or None when no model was promoted."""
@@ -122,6 +125,7 @@ class ModelStore:
             raise StoreError(f"store unreachable: {exc}") from exc
 
     def _make_current(self, pipe: Any, bundle: ModelBundle) -> None:
+        self._drift.reset(pipe)  # the live errors were the previous model's
         pipe.hset(self.key, mapping={
             "version": bundle.version,
             "meta": json.dumps(bundle.meta, sort_keys=True),

@@ -6,7 +6,8 @@ Both only read what the refresher thread prepared (``view.sources``): the compil
 
 Prediction sources, best first (``decision.prediction_source``):
 
-``model``         the current LightGBM model (compiled, cached by feature key)
+``model``         the current LightGBM model (compiled, cached by feature key), unless
+                  the task's live error drifted beyond the bound (``prediction_drift``)
 ``history``       cold start: mean of the last two runs of this (tenant, task)
 ``task_history``  cold start: the same over all tenants of this task
 ``hint``          the task's declared ``runtime_hint_s`` (p90 = p50)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from celery_aitp.predict.drift import DRIFT_SOURCE, EMPTY_DRIFT, DriftSource
 from celery_aitp.predict.features import base_of
 from celery_aitp.predict.history import EMPTY_HISTORY, HISTORY_SOURCE, HistorySource
 from celery_aitp.predict.model_source import MODEL_SOURCE, ModelSource
@@ -60,12 +62,18 @@ class PredictStage:
     name = "predict"
 
     def __init__(self, model: ModelSource | None = None,
-                 history: HistorySource | None = None) -> None:
-        self.sources = (model or ModelSource(), history or HistorySource())
+                 history: HistorySource | None = None, drift: DriftSource | None = None
+                 ) -> None:
+        self.sources = (model or ModelSource(), history or HistorySource(),
+                        drift or DriftSource())
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         key = decision.feature_key
         model = view.sources.get(MODEL_SOURCE) if key is not None or decision.features else None
+        if model is not None and request.task in view.sources.get(
+                DRIFT_SOURCE, EMPTY_DRIFT).drifting:
+            model = None  # its live error is beyond the bound: history until retrained
+            decision.notes.append("prediction_drift")
         if model is not None:
             features = decision.features
             if key is not None and model.request_key is not None:
@@ -105,4 +113,5 @@ def prediction_stages(clock: Callable[[], float] | None = None
     """Both stages sharing one model source and one history source (``clock``: see
     :class:`HistorySource`)."""
     model, history = ModelSource(), HistorySource(clock=clock)
-    return {"features": FeatureStage(model, history), "predict": PredictStage(model, history)}
+    return {"features": FeatureStage(model, history),
+            "predict": PredictStage(model, history, DriftSource(clock=clock))}
