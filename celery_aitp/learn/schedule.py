@@ -20,6 +20,7 @@ TASK_NAME = "celery_aitp.train_model"
 def add_trainer_task(app: Any, every_s: float = 600.0, min_new: int = 100,
                      limit: int | None = None, name: str = TASK_NAME) -> Any:
     """Register the trainer task on ``app`` and schedule it every ``every_s`` seconds."""
+    import celery_aitp.cli.celery_command  # noqa: F401 - it imports the trainer module last
     from celery_aitp.cli.trainer import Trainer
 
     trainers: dict[int, Trainer] = {}  # one per process: it remembers what it trained on
