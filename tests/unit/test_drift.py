@@ -114,3 +114,23 @@ def test_the_trainer_as_a_beat_task(app, store, synthetic_records):
     store.append_records(store.keys.observations, synthetic_records[600:900], 10_000)
     task.run()  # the lock is held elsewhere: this round is skipped
     assert ModelStore(store).version() == version
+
+
+def test_aitp_model_shows_the_live_error_per_task(app, store, trained):
+    import json
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    from celery_aitp.cli.celery_command import aitp as group
+
+    ModelStore(store).promote(trained.bundle)
+    DriftStore(store).add([("slow", MISS)] * MIN_RUNS + [("fine", 0.1)] * MIN_RUNS)
+    run = CliRunner().invoke(group, ["model"], obj=SimpleNamespace(app=app))
+    assert run.exit_code == 0
+    lines = run.output.splitlines()
+    assert any("slow" in line and "history (drift)" in line for line in lines)
+    assert any("fine" in line and "model" in line for line in lines)
+    shown = json.loads(CliRunner().invoke(group, ["model", "--json"],
+                                          obj=SimpleNamespace(app=app)).output)
+    assert shown["drift"]["slow"]["runs"] == MIN_RUNS
