@@ -19,6 +19,7 @@ from celery_aitp.cli.training import parse_duration
 from celery_aitp.errors import AitpError
 from celery_aitp.extras import require
 from celery_aitp.learn.observations import last_id, stream_length
+from celery_aitp.predict.drift import DriftStore
 from celery_aitp.redact import redact
 
 
@@ -39,6 +40,11 @@ class Trainer:
         newest, length = last_id(store), stream_length(store)
         if newest is None:
             return "no observations yet"
+        asked = DriftStore(store).take_due()
+        if asked:  # a task's live error crossed the bound: retrain now
+            console.print(f"retraining: {asked}")
+            self._seen = (newest, length)
+            return None
         seen_id, seen_length = self._seen
         if newest == seen_id:
             return "no new observations"

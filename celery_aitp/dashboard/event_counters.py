@@ -64,7 +64,12 @@ EVENT_COUNTERS: dict[str, EventCounter] = {
         "Runs left out of what the scheduler learns from: observations without a usable "
         "task name, full ledgers or histories, profiles trimmed to profiles.max_tasks.",
         "reason", {key: key for key in ("ledger_skipped", "ledger_dropped", "profiles_trimmed",
-                                        "history_dropped", "history_pairs_full")}),
+                                        "history_dropped", "history_pairs_full",
+                                        "drift_dropped")}),
+    "aitp_prediction_drift_total": EventCounter(
+        "Runtime predictions taken from history because the task's live model error "
+        "drifted beyond the bound (decisions), and tasks whose error crossed it (workers).",
+        "event", {"prediction_drift": "fallback", "prediction_drift_tasks": "crossed"}),
     "aitp_evacuated_messages_total": EventCounter(
         "Messages the janitor moved from tier queues nobody serves to the default queue.",
         keys={"evacuated": ""}),

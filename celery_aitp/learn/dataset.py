@@ -23,6 +23,7 @@ from typing import Any
 from celery_aitp.predict.features import (
     HISTORY_DEPTH,
     KWARG_PREFIX,
+    History,
     argument_features,
     history_features,
 )
@@ -57,7 +58,7 @@ class Observation:
         self.arguments = arguments
         self.hint_s = hint_s
         self.retries = retries
-        self.history: tuple[float, float, int] | None = None
+        self.history: History | None = None
 
 
 def _repr_length(value: Any) -> int:
@@ -213,7 +214,8 @@ def build_dataset(records: Iterable[Any], need_runtime: bool = True,
 
 
 def attach_history(observations: list[Observation]) -> None:
-    """Set each observation's history from runs that had finished when it was published."""
+    """Set each observation's history from runs that had finished when it was published:
+    its (tenant, task)'s and its tenant's (any task), as the store's summary keeps them."""
     events: list[tuple[float, int, int]] = []  # (time, 0=finish/1=publish, position)
     for pos, obs in enumerate(observations):
         events.append((obs.published_at, 1, pos))
@@ -221,19 +223,27 @@ def attach_history(observations: list[Observation]) -> None:
             events.append((obs.finished_at, 0, pos))
     events.sort()
     recent: dict[tuple[str, str], deque[float]] = {}
+    by_tenant: dict[str, deque[float]] = {}
     counts: Counter[tuple[str, str]] = Counter()
     for _, kind, pos in events:
         obs = observations[pos]
         pair = (obs.tenant, obs.task)
         if kind == 0:
+            runtime = obs.runtime_s or 0.0
             runs = recent.get(pair)
             if runs is None:
                 runs = recent[pair] = deque(maxlen=HISTORY_DEPTH)
-            runs.appendleft(obs.runtime_s or 0.0)
+            runs.appendleft(runtime)
+            tenant_runs = by_tenant.get(obs.tenant)
+            if tenant_runs is None:
+                tenant_runs = by_tenant[obs.tenant] = deque(maxlen=2)
+            tenant_runs.appendleft(runtime)
             counts[pair] += 1
         else:
             runs = recent.get(pair)
-            obs.history = history_features(runs, counts[pair]) if runs else None
+            tenant_runs = by_tenant.get(obs.tenant)
+            obs.history = (history_features(runs or (), counts[pair], tenant_runs or ())
+                           if runs or tenant_runs else None)
 
 
 class Unreadable:

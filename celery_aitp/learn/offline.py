@@ -8,8 +8,13 @@ from typing import Any
 from celery_aitp.errors import ModelError
 from celery_aitp.extras import require
 from celery_aitp.learn.dataset import Observation, Unreadable, attach_history, to_observation
-from celery_aitp.learn.train import Matrix, predict_log
-from celery_aitp.predict.bundle import ModelBundle, booster_from_text, spec_from_meta
+from celery_aitp.learn.train import Matrix
+from celery_aitp.predict.bundle import (
+    ModelBundle,
+    base_default,
+    booster_from_text,
+    spec_from_meta,
+)
 
 
 def predict_records(bundle: ModelBundle, records: Iterable[Any]) -> list[dict[str, Any]]:
@@ -19,7 +24,6 @@ def predict_records(bundle: ModelBundle, records: Iterable[Any]) -> list[dict[st
     records published after they finished. Unusable records get an ``error`` field.
     """
     require("train", "offline prediction")
-    import numpy as np
 
     spec = spec_from_meta(bundle.meta)
     p50 = booster_from_text(bundle.p50_text, "p50 model")
@@ -42,10 +46,8 @@ def predict_records(bundle: ModelBundle, records: Iterable[Any]) -> list[dict[st
     ordered = sorted(usable, key=lambda o: (o.published_at, o.index))
     attach_history(ordered)
     if ordered:
-        matrix = Matrix(spec, ordered)
-        low_log, high_log = predict_log((p50, p90), matrix.x)
-        low = np.exp(low_log)
-        high = np.maximum(np.exp(high_log), low)
+        matrix = Matrix(spec, ordered, base_default(bundle.meta))
+        low, high = matrix.seconds((p50, p90))
         for obs, lo, hi in zip(ordered, low.tolist(), high.tolist(), strict=True):
             out[obs.index].update(predicted_runtime_s=lo, predicted_p90_s=hi)
     return out

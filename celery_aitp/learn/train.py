@@ -1,5 +1,14 @@
 """Train the runtime model: log runtime (p50) and its 0.9 quantile (p90), with LightGBM.
 
+The model corrects the history estimate rather than predicting from scratch: its target
+is ``log(runtime / base)``, where ``base`` is the mean of the (tenant, task)'s last two
+runs (else the tenant's last two, else the training median; :func:`base_of`). With no
+reason to deviate it predicts the last two, which on real job logs is hard to beat; the
+trees learn when to trust it (the last two agree, many runs) and by how much to move.
+The p50 objective is L1 in log space: the conditional median, which also minimises the
+absolute error in seconds. The number of trees is chosen on the validation part (early
+stopping), so a workload with more structure gets more trees.
+
 Validation is chronological: the newest ``valid_fraction`` of the records (by publish
 time) is held out and both the model and three baselines predict it:
 
@@ -27,7 +36,7 @@ from typing import Any
 from celery_aitp.extras import require
 from celery_aitp.learn.dataset import MIN_RUNTIME_S, Dataset, Observation, build_dataset
 from celery_aitp.predict.bundle import FORMAT, ModelBundle, verify_with_lightgbm
-from celery_aitp.predict.features import CATEGORICAL, SCHEMA, FeatureSpec
+from celery_aitp.predict.features import CATEGORICAL, SCHEMA, FeatureSpec, base_of
 
 #: ``report(step, done, total)``: progress of a long step (for a progress bar).
 Report = Callable[[str, int, int], None]
@@ -49,14 +58,19 @@ class TrainConfig:
     """
 
     valid_fraction: float = 0.2
-    rounds: int = 16
-    learning_rate: float = 0.4
-    num_leaves: int = 63
+    #: Most p50 trees; early stopping on the validation part usually picks fewer.
+    rounds: int = 300
+    early_stopping_rounds: int = 10
+    objective: str = "regression_l1"
+    #: Correct the history estimate (``log(runtime / base)``) instead of predicting it.
+    residual: bool = True
+    learning_rate: float = 0.1
+    num_leaves: int = 31
     max_depth: int = 9
     p90_rounds: int = 10
     p90_learning_rate: float = 0.4
     p90_num_leaves: int = 7
-    min_data_in_leaf: int = 20
+    min_data_in_leaf: int = 50
     max_bin: int = 255
     quantile: float = 0.9
     min_records: int = 100
@@ -71,6 +85,7 @@ class TrainConfig:
             "num_leaves": self.p90_num_leaves if quantile else self.num_leaves,
             "max_depth": self.max_depth, "min_data_in_leaf": self.min_data_in_leaf,
             "max_bin": self.max_bin, "min_data_per_group": 10, "cat_smooth": 5,
+            "metric": "quantile" if quantile else "l1",
             "verbose": -1, "seed": self.seed, "deterministic": True, "force_row_wise": True,
         }
         if quantile:
@@ -142,43 +157,78 @@ def baselines(train: Sequence[Observation], valid: Sequence[Observation]) -> lis
 
 
 class Matrix:
-    """Feature rows and log-runtime targets for a list of observations."""
+    """Feature rows, bases and log targets for a list of observations.
 
-    def __init__(self, spec: FeatureSpec, observations: Sequence[Observation]) -> None:
+    ``base_default_s`` set: the target is ``log(runtime / base)`` (a residual model);
+    None: ``log(runtime)`` and every base is 1.
+    """
+
+    def __init__(self, spec: FeatureSpec, observations: Sequence[Observation],
+                 base_default_s: float | None = None) -> None:
         import numpy as np
 
         rows = [spec.row(o.task, o.tenant, o.arguments, o.hint_s, o.retries, o.published_at,
                          o.history) for o in observations]
         self.x = np.array(rows, dtype=np.float64).reshape(len(rows), len(spec.names))
+        bases = ([base_of(o.history, base_default_s) for o in observations]
+                 if base_default_s is not None else [1.0] * len(observations))
+        self.base = np.maximum(np.array(bases, dtype=np.float64), MIN_RUNTIME_S)
         self.y = np.log(np.maximum(
             np.array([o.runtime_s or 0.0 for o in observations], dtype=np.float64),
-            MIN_RUNTIME_S))
+            MIN_RUNTIME_S)) - np.log(self.base)
+
+    def seconds(self, boosters: tuple[Any, Any]) -> tuple[Any, Any]:
+        """p50 and p90 seconds of every row (p90 never below p50)."""
+        import numpy as np
+
+        low, high = predict_log(boosters, self.x)
+        p50 = np.exp(low) * self.base
+        return p50, np.maximum(np.exp(high) * self.base, p50)
 
 
-def _fit(spec: FeatureSpec, data: Matrix, config: TrainConfig, objective: str,
-         rounds: int, report: Report, step: str, init_score: Any = None) -> Any:
+def _dataset(spec: FeatureSpec, data: Matrix, config: TrainConfig, init_score: Any = None,
+             reference: Any = None) -> Any:
     import lightgbm
 
     categorical = [spec.names.index(c) for c in CATEGORICAL]
-    dataset = lightgbm.Dataset(data.x, data.y, feature_name=list(spec.names),
-                               categorical_feature=categorical, init_score=init_score,
-                               free_raw_data=True,
-                               params={"max_bin": config.max_bin, "verbose": -1})
+    return lightgbm.Dataset(data.x, data.y, feature_name=list(spec.names),
+                            categorical_feature=categorical, init_score=init_score,
+                            free_raw_data=True, reference=reference,
+                            params={"max_bin": config.max_bin, "verbose": -1})
+
+
+def _fit(spec: FeatureSpec, data: Matrix, config: TrainConfig, objective: str,
+         rounds: int, report: Report, step: str, init_score: Any = None,
+         valid: Matrix | None = None) -> Any:
+    import lightgbm
+
+    train_set = _dataset(spec, data, config, init_score)
 
     def progress(env: Any) -> None:
         report(step, env.iteration + 1, env.end_iteration)
 
-    return lightgbm.train(config.params(objective), dataset, num_boost_round=rounds,
-                          callbacks=[progress])
+    callbacks: list[Any] = [progress]
+    valid_sets = []
+    if valid is not None and len(valid.y):
+        valid_sets = [_dataset(spec, valid, config, reference=train_set)]
+        callbacks.append(lightgbm.early_stopping(config.early_stopping_rounds, verbose=False))
+    return lightgbm.train(config.params(objective), train_set, num_boost_round=rounds,
+                          valid_sets=valid_sets, callbacks=callbacks)
 
 
 def _fit_pair(spec: FeatureSpec, data: Matrix, config: TrainConfig, report: Report,
-              label: str) -> tuple[Any, Any]:
-    """The p50 model, and the p90 offset model boosted from its scores."""
-    p50 = _fit(spec, data, config, "regression", config.rounds, report, f"{label} p50")
+              label: str, valid: Matrix | None = None, rounds: int | None = None,
+              p90_shift: float = 0.0) -> tuple[Any, Any]:
+    """The p50 model (its number of trees chosen on ``valid`` if given: it then predicts
+    with its ``best_iteration``), and the p90 offset model boosted from its scores.
+
+    ``p90_shift`` raises the p90 by that much log runtime: boosting from scores lowered
+    by it, the trees learn the quantile plus the shift (init scores are not saved)."""
+    p50 = _fit(spec, data, config, config.objective, rounds or config.rounds, report,
+               f"{label} p50", valid=valid)
     base = p50.predict(data.x, raw_score=True)
     p90 = _fit(spec, data, config, "quantile", config.p90_rounds, report, f"{label} p90",
-               init_score=base)
+               init_score=base - p90_shift)
     return p50, p90
 
 
@@ -186,6 +236,24 @@ def predict_log(boosters: tuple[Any, Any], x: Any) -> tuple[Any, Any]:
     """Log-runtime p50 and p90 of a matrix (the p90 model predicts an offset)."""
     low = boosters[0].predict(x, raw_score=True)
     return low, low + boosters[1].predict(x, raw_score=True)
+
+
+#: The p90 calibration moves it at most this much log runtime (a factor of e^1.5).
+MAX_P90_SHIFT = 1.5
+
+
+def p90_shift(truth: Sequence[float], upper: Sequence[float], quantile: float) -> float:
+    """Log-runtime shift that makes the p90 cover ``quantile`` of the validation runs.
+
+    The validation part is the newest: on real job logs a quantile model fitted on older
+    runs covers fewer of the newer ones (split conformal calibration, one constant).
+    """
+    if not truth:
+        return 0.0
+    misses = sorted(math.log(max(t, MIN_RUNTIME_S)) - math.log(max(u, MIN_RUNTIME_S))
+                    for t, u in zip(truth, upper, strict=True))
+    rank = min(len(misses) - 1, max(0, math.ceil(quantile * len(misses)) - 1))
+    return max(-MAX_P90_SHIFT, min(MAX_P90_SHIFT, misses[rank]))
 
 
 def make_spec(dataset: Dataset) -> FeatureSpec:
@@ -209,13 +277,16 @@ def train(records: Iterable[Any], config: TrainConfig | None = None,
     cut = max(1, min(n - 1, int(n * (1 - config.valid_fraction))))
     train_part, valid_part = dataset.observations[:cut], dataset.observations[cut:]
     spec = make_spec(dataset)
+    default_s = (max(statistics.median(o.runtime_s or 0.0 for o in train_part), MIN_RUNTIME_S)
+                 if config.residual else None)
     report("features", 0, 2)
-    train_x, valid_x = Matrix(spec, train_part), Matrix(spec, valid_part)
+    train_x = Matrix(spec, train_part, default_s)
+    valid_x = Matrix(spec, valid_part, default_s)
     report("features", 2, 2)
-    low, high = predict_log(_fit_pair(spec, train_x, config, report, "validation"), valid_x.x)
+    chosen = _fit_pair(spec, train_x, config, report, "validation", valid=valid_x)
+    low, high = valid_x.seconds(chosen)
     truth = [o.runtime_s or 0.0 for o in valid_part]
-    predicted = [math.exp(v) for v in low.tolist()]
-    upper = [math.exp(v) for v in high.tolist()]
+    predicted, upper = low.tolist(), high.tolist()
     result.scores = [scores("model", truth, predicted), *baselines(train_part, valid_part)]
     result.p90_coverage = sum(1 for u, t in zip(upper, truth, strict=True) if t <= u) / len(truth)
     model_mae, last_two_mae = result.score("model").mae, result.score("last two").mae
@@ -224,17 +295,39 @@ def train(records: Iterable[Any], config: TrainConfig | None = None,
         f"model MAE {model_mae:.4g}s vs last-two {last_two_mae:.4g}s: "
         + ("promotable" if result.promotable else "does not beat the last-two baseline")
     )
-    final = _fit_pair(spec, Matrix(spec, dataset.observations), config, report, "final")
+    rounds = chosen[0].best_iteration or chosen[0].num_trees()
+    shift = p90_shift(truth, upper, config.quantile)
+    final = _fit_pair(spec, Matrix(spec, dataset.observations, default_s), config, report,
+                      "final", rounds=rounds, p90_shift=shift)
     split = (len(train_part), len(valid_part))
-    result.bundle = _bundle(spec, dataset, final, config, result, split, valid_x)
+    result.bundle = _bundle(spec, dataset, final, config, result, split, valid_x,
+                            default_s, rounds, shift)
     verify_with_lightgbm(result.bundle, final)
     result.seconds = time.perf_counter() - started
     return result
 
 
+def current_model_mae(result: TrainResult, current: ModelBundle) -> float:
+    """MAE (seconds) of the model in use on the new model's validation records: the same
+    window, so promotion compares like with like. ModelError if it cannot predict them
+    (e.g. another feature schema)."""
+    from celery_aitp.predict.bundle import base_default, booster_from_text, spec_from_meta
+
+    if result.bundle is None:
+        raise ValueError("no new model to compare with")
+    valid = result.dataset.observations[-int(result.bundle.meta["records"]["valid"]):]
+    spec = spec_from_meta(current.meta)
+    boosters = (booster_from_text(current.p50_text, "current p50 model"),
+                booster_from_text(current.p90_text, "current p90 model"))
+    low, _ = Matrix(spec, valid, base_default(current.meta)).seconds(boosters)
+    truth = [o.runtime_s or 0.0 for o in valid]
+    return scores("current model", truth, low.tolist()).mae
+
+
 def _bundle(spec: FeatureSpec, dataset: Dataset, boosters: tuple[Any, Any],
             config: TrainConfig, result: TrainResult, split: tuple[int, int],
-            sample: Matrix) -> ModelBundle:
+            sample: Matrix, default_s: float | None, rounds: int,
+            shift: float) -> ModelBundle:
     p50_text = boosters[0].model_to_string()
     p90_text = boosters[1].model_to_string()
     digest = hashlib.sha256((p50_text + p90_text).encode()).hexdigest()[:10]
@@ -254,11 +347,12 @@ def _bundle(spec: FeatureSpec, dataset: Dataset, boosters: tuple[Any, Any],
         "kwarg_names": list(spec.kwarg_names),
         "tasks": sorted(spec.tasks, key=spec.tasks.__getitem__),
         "tenants": sorted(spec.tenants, key=spec.tenants.__getitem__),
-        "target": "log(runtime_s)",
+        "target": "log(runtime_s / base)" if default_s is not None else "log(runtime_s)",
         "quantile": config.quantile,
         "p90": "offset",  # p90 score = p50 score + p90 model score
-        "params": {"p50": config.params("regression"), "p90": config.params("quantile"),
-                   "rounds": config.rounds, "p90_rounds": config.p90_rounds},
+        "p90_shift": shift,
+        "params": {"p50": config.params(config.objective), "p90": config.params("quantile"),
+                   "rounds": rounds, "p90_rounds": config.p90_rounds},
         "metrics": {s.name: s.as_dict() for s in result.scores} | {
             "p90_coverage": result.p90_coverage},
         "promotable": result.promotable,
@@ -268,6 +362,8 @@ def _bundle(spec: FeatureSpec, dataset: Dataset, boosters: tuple[Any, Any],
             "raw90": raw90.tolist(),
         },
     }
+    if default_s is not None:
+        meta["base"] = {"kind": "history last two", "default_s": default_s}
     return ModelBundle(meta, p50_text, p90_text)
 
 

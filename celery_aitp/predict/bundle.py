@@ -98,9 +98,24 @@ class LoadedModel:
         self.compiled = compiled
         #: The cache key straight from a task's arguments (None: build the vector).
         self.request_key = compile_request_key(spec, compiled)
+        #: Residual models predict runtime / history estimate; this is the estimate
+        #: without any history (None: the model predicts runtime itself).
+        self.base_default_s = base_default(bundle.meta)
 
     def __repr__(self) -> str:
         return f"<LoadedModel {self.version} features={len(self.spec.names)}>"
+
+
+def base_default(meta: Mapping[str, Any]) -> float | None:
+    """``meta['base']['default_s']`` of a residual model, None for a direct one."""
+    base = meta.get("base")
+    if base is None:
+        return None
+    value = base.get("default_s") if isinstance(base, dict) else None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) \
+            or not 0 < value < math.inf:
+        raise ModelError(f"model base default must be a positive number, not {value!r}")
+    return float(value)
 
 
 def spec_from_meta(meta: Mapping[str, Any]) -> FeatureSpec:

@@ -18,6 +18,11 @@ Feature list (schema 1), in vector order:
 ``hour``, ``weekday``     UTC hour (0-23) and weekday (Monday 0) of publication
 ``h_last2``, ``h_mean``,  mean of the last two and of the last up-to-20 runtimes of the same
 ``h_count``               (tenant, task), and how many runs that history holds (capped)
+``h_last``, ``h_prev``    its last and second-to-last runtime
+``h_spread``              ``|log(h_last / h_prev)|``: near 0 when the last two agree
+``h_median``              median of its last up-to-20 runtimes
+``t_last2``               mean of the tenant's last two runs, whatever the task
+``base_s``                the history estimate the model corrects (:func:`base_of`)
 ``kw.<name>``             value of keyword argument ``name``, for the names the model chose
 ========================  ==================================================================
 
@@ -45,13 +50,17 @@ HISTORY_DEPTH = 20
 #: ``h_count`` is capped here: beyond it, more history says nothing new.
 HISTORY_COUNT_CAP = 100
 #: Feature schema version; a model trained on another schema is refused.
-SCHEMA = 1
+SCHEMA = 2
 
 BASE_FEATURES: tuple[str, ...] = (
     "task", "tenant", "n_args", "n_kwargs", "args_bytes", "kwargs_bytes",
     *(f"arg{i}" for i in range(POSITIONAL)),
-    "hint_s", "retries", "hour", "weekday", "h_last2", "h_mean", "h_count",
+    "hint_s", "retries", "hour", "weekday", *(
+        "h_last2", "h_mean", "h_count", "h_last", "h_prev", "h_spread", "h_median",
+        "t_last2", "base_s"),
 )
+#: The history features, in the order of a history tuple (:func:`history_features`).
+HISTORY_FEATURES: tuple[str, ...] = BASE_FEATURES[BASE_FEATURES.index("h_last2"):]
 CATEGORICAL: tuple[str, ...] = ("task", "tenant")
 #: The argument features a worker records with each run (plus ``kw.<name>`` entries).
 ARGUMENT_FEATURES: tuple[str, ...] = BASE_FEATURES[2:6 + POSITIONAL]
@@ -59,7 +68,8 @@ KWARG_PREFIX = "kw."
 
 _SIZED = frozenset({str, bytes, bytearray, list, tuple, dict, set, frozenset})
 _SIZED_BASES = (str, bytes, bytearray, list, tuple, dict, set, frozenset)
-_NO_HISTORY = (NAN, NAN, 0)
+History = tuple[float, float, int, float, float, float, float, float, float]
+_NO_HISTORY: History = (NAN, NAN, 0, NAN, NAN, NAN, NAN, NAN, NAN)
 
 
 def value_of(value: Any) -> float | int:
@@ -140,14 +150,35 @@ def _number_or_nan(value: Any) -> float | int:
     return NAN
 
 
-def history_features(runtimes: Iterable[float], count: int) -> tuple[float, float, int]:
-    """(last-two mean, recent mean, capped count) from the newest-first recent runtimes."""
+def history_features(runtimes: Iterable[float], count: int,
+                     tenant_runtimes: Iterable[float] = ()) -> History:
+    """The history tuple from the newest-first recent runtimes of the (tenant, task) and
+    of the tenant (any task); see the feature list above."""
     recent = [r for r in runtimes][:HISTORY_DEPTH]
+    tenant = [r for r in tenant_runtimes][:2]
+    t_last2 = sum(tenant) / len(tenant) if tenant else NAN
     if not recent:
-        return _NO_HISTORY
+        return (NAN, NAN, 0, NAN, NAN, NAN, NAN, t_last2, t_last2)
     last2 = recent[:2]
-    return (sum(last2) / len(last2), sum(recent) / len(recent),
-            min(int(count), HISTORY_COUNT_CAP))
+    h_last2 = sum(last2) / len(last2)
+    h_prev = recent[1] if len(recent) > 1 else NAN
+    spread = (abs(math.log(max(recent[0], 1e-4) / max(h_prev, 1e-4)))
+              if h_prev == h_prev else NAN)
+    ordered = sorted(recent)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return (h_last2, sum(recent) / len(recent), min(int(count), HISTORY_COUNT_CAP),
+            recent[0], h_prev, spread, median, t_last2, h_last2)
+
+
+def base_of(history: tuple[float, ...] | None, default_s: float) -> float:
+    """The estimate a residual model corrects: the pair's last two, else the tenant's,
+    else ``default_s`` (the training median). Always a positive number."""
+    if history is not None:
+        base = history[-1]
+        if base == base and base > 0:
+            return base
+    return default_s
 
 
 class FeatureSpec:
@@ -169,7 +200,7 @@ class FeatureSpec:
 
     def vector(self, task: str, tenant: str, args: Any, kwargs: Any, args_bytes: Any,
                kwargs_bytes: Any, hint_s: Any, retries: Any, published_at: Any,
-               history: tuple[float, float, int] | None) -> tuple[float | int, ...]:
+               history: tuple[float, ...] | None) -> tuple[float | int, ...]:
         """The feature vector at publish time (``history`` from the history source)."""
         if type(args) is not tuple and type(args) is not list:
             args = ()
@@ -183,7 +214,7 @@ class FeatureSpec:
             hour, weekday = seconds // 3600, (days + 3) % 7
         else:
             hour, weekday = hour_and_weekday(published_at)
-        h_last2, h_mean, h_count = history or _NO_HISTORY
+        hist = history or _NO_HISTORY
         try:
             get = kwargs.get
             named = [value_of(get(name)) for name in self.kwarg_names]
@@ -199,15 +230,15 @@ class FeatureSpec:
             value_of(args[3]) if n_args > 3 else NAN,
             NAN if hint_s is None else _number_or_nan(hint_s),
             retries if type(retries) is int else NAN,
-            hour, weekday, h_last2, h_mean, h_count, *named,
+            hour, weekday, *hist, *named,
         )
 
     def row(self, task: str, tenant: str, arguments: Mapping[str, Any], hint_s: Any,
             retries: Any, published_at: Any,
-            history: tuple[float, float, int] | None) -> list[float]:
+            history: tuple[float, ...] | None) -> list[float]:
         """A training row from recorded argument features (see :func:`argument_features`)."""
         hour, weekday = hour_and_weekday(published_at)
-        h_last2, h_mean, h_count = history or _NO_HISTORY
+        hist = history or _NO_HISTORY
         get = arguments.get
         values = [
             self.tasks.get(task, NAN), self.tenants.get(tenant, NAN),
@@ -215,7 +246,7 @@ class FeatureSpec:
             get("kwargs_bytes", NAN),
             *(get(f"arg{i}", NAN) for i in range(POSITIONAL)),
             _number_or_nan(hint_s), retries if type(retries) is int else NAN,
-            hour, weekday, h_last2, h_mean, h_count,
+            hour, weekday, *hist,
             *(get(KWARG_PREFIX + name, NAN) for name in self.kwarg_names),
         ]
         return [_as_float(v) for v in values]

@@ -5,7 +5,9 @@ stream. Layout:
 
 ``<prefix>:history`` (hash)          field ``<tenant>|<task>`` -> ``<count>;<r1>,<r2>,...``
                                      (total runs seen; the newest runtimes first, at most
-                                     :data:`HISTORY_DEPTH`; at most ``MAX_PAIRS`` fields)
+                                     :data:`HISTORY_DEPTH`; at most ``MAX_PAIRS`` fields);
+                                     field ``<tenant>|`` (no task): the tenant's runs of
+                                     any task, the same way
 ``<prefix>:history:version``         incremented on every update
 
 Workers buffer finished runs and add them in one script call per refresh round.
@@ -26,7 +28,7 @@ from typing import Any
 import redis
 
 from celery_aitp.errors import StoreError
-from celery_aitp.predict.features import HISTORY_DEPTH, history_features
+from celery_aitp.predict.features import HISTORY_DEPTH, History, history_features
 from celery_aitp.store import RedisStore
 from celery_aitp.telemetry.counters import Counters
 
@@ -71,8 +73,13 @@ return refused
 
 
 def pair_field(tenant: str, task: str) -> str:
-    """Hash field of a pair; tenant names never contain '|' (policy names)."""
+    """Hash field of a pair; tenant names never contain '|' (policy names). An empty
+    task (no Celery task has an empty name) is the tenant's field."""
     return f"{tenant}|{task}"
+
+
+#: The task part of a tenant's own history field.
+ANY_TASK = ""
 
 
 def parse_entry(raw: Any) -> tuple[int, list[float]] | None:
@@ -113,13 +120,17 @@ def _pooled(runtimes: list[float]) -> Estimate:
 class HistoryView:
     """What the publish path reads: features and estimates per pair, estimates per task."""
 
-    __slots__ = ("features", "estimates", "task_estimates", "version", "fetched_at")
+    __slots__ = ("features", "tenant_features", "estimates", "task_estimates", "version",
+                 "fetched_at")
 
-    def __init__(self, features: Mapping[Pair, tuple[float, float, int]] | None = None,
+    def __init__(self, features: Mapping[Pair, History] | None = None,
                  estimates: Mapping[Pair, Estimate] | None = None,
                  task_estimates: Mapping[str, Estimate] | None = None,
-                 version: int | None = None, fetched_at: float = 0.0) -> None:
+                 version: int | None = None, fetched_at: float = 0.0,
+                 tenant_features: Mapping[str, History] | None = None) -> None:
         self.features = dict(features or {})
+        #: History features of a tenant's first run of a task (its other tasks' runs).
+        self.tenant_features = dict(tenant_features or {})
         self.estimates = dict(estimates or {})
         self.task_estimates = dict(task_estimates or {})
         self.version = version
@@ -131,13 +142,24 @@ class HistoryView:
                      fetched_at: float | None = None) -> HistoryView:
         features, estimates = {}, {}
         per_task: dict[str, list[float]] = {}
+        tenants = {pair[0]: runtimes for pair, (_, runtimes) in entries.items()
+                   if pair[1] == ANY_TASK}
         for pair, (count, runtimes) in entries.items():
-            features[pair] = history_features(runtimes, count)
+            if pair[1] == ANY_TASK:
+                continue
+            features[pair] = history_features(runtimes, count, tenants.get(pair[0], ()))
             estimates[pair] = estimate(runtimes)
             per_task.setdefault(pair[1], []).extend(runtimes[:2])
         task_estimates = {task: _pooled(rs) for task, rs in per_task.items()}
+        tenant_features = {tenant: history_features((), 0, runtimes)
+                           for tenant, runtimes in tenants.items()}
         return cls(features, estimates, task_estimates, version,
-                   time.monotonic() if fetched_at is None else fetched_at)
+                   time.monotonic() if fetched_at is None else fetched_at, tenant_features)
+
+    def of(self, tenant: str, task: str) -> History | None:
+        """The history tuple of a task about to be published (None: nothing known)."""
+        found = self.features.get((tenant, task))
+        return found if found is not None else self.tenant_features.get(tenant)
 
 
 EMPTY_HISTORY = HistoryView()
@@ -157,7 +179,8 @@ class HistoryStore:
         """Add finished runs; returns how many were refused because the summary is full."""
         args: list[Any] = [HISTORY_DEPTH, self.max_pairs]
         for tenant, task, runtime in runs:
-            args.extend((pair_field(tenant, task), f"{runtime:.6g}"))
+            text = f"{runtime:.6g}"
+            args.extend((pair_field(tenant, task), text, pair_field(tenant, ANY_TASK), text))
         if len(args) == 2:
             return 0
         try:

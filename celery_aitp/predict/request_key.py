@@ -21,6 +21,7 @@ from celery_aitp.predict.features import (
     _NO_HISTORY,
     BASE_FEATURES,
     BIG,
+    HISTORY_FEATURES,
     NAN,
     FeatureSpec,
     _number_or_nan,
@@ -52,11 +53,11 @@ def _raw(j: int, spec: FeatureSpec) -> str:
         "hint_s": "(NAN if hint_s is None else _nn(hint_s))",
         "retries": "(retries if type(retries) is int else NAN)",
         "hour": "hour", "weekday": "weekday",
-        "h_last2": "hist[0]", "h_mean": "hist[1]", "h_count": "hist[2]",
+        **{h: f"hist[{i}]" for h, i in _HISTORY.items()},
     }[name]
 
 
-_HISTORY = {"h_last2": 0, "h_mean": 1, "h_count": 2}
+_HISTORY = {name: i for i, name in enumerate(HISTORY_FEATURES)}
 #: History tuples whose bins are kept before the cache starts over.
 HISTORY_CACHE = 4096
 

@@ -6,7 +6,8 @@ Both only read what the refresher thread prepared (``view.sources``): the compil
 
 Prediction sources, best first (``decision.prediction_source``):
 
-``model``         the current LightGBM model (compiled, cached by feature key)
+``model``         the current LightGBM model (compiled, cached by feature key), unless
+                  the task's live error drifted beyond the bound (``prediction_drift``)
 ``history``       cold start: mean of the last two runs of this (tenant, task)
 ``task_history``  cold start: the same over all tenants of this task
 ``hint``          the task's declared ``runtime_hint_s`` (p90 = p50)
@@ -19,6 +20,8 @@ from collections.abc import Callable
 
 from celery_aitp.core.request import Decision, Request
 from celery_aitp.core.view import View
+from celery_aitp.predict.drift import DRIFT_SOURCE, EMPTY_DRIFT, DriftSource
+from celery_aitp.predict.features import base_of
 from celery_aitp.predict.history import EMPTY_HISTORY, HISTORY_SOURCE, HistorySource
 from celery_aitp.predict.model_source import MODEL_SOURCE, ModelSource
 
@@ -41,7 +44,7 @@ class FeatureStage:
             return  # cold start needs no features; or the caller computed the key
         tenant = decision.tenant
         task = request.task
-        history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).features.get((tenant, task))
+        history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).of(tenant, task)
         # the key alone when the model can be walked over it, else the vector
         build = model.request_key or model.spec.vector
         found = build(task, tenant, request.args, request.kwargs, request.args_bytes,
@@ -59,28 +62,37 @@ class PredictStage:
     name = "predict"
 
     def __init__(self, model: ModelSource | None = None,
-                 history: HistorySource | None = None) -> None:
-        self.sources = (model or ModelSource(), history or HistorySource())
+                 history: HistorySource | None = None, drift: DriftSource | None = None
+                 ) -> None:
+        self.sources = (model or ModelSource(), history or HistorySource(),
+                        drift or DriftSource())
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         key = decision.feature_key
-        if key is not None:
-            model = view.sources.get(MODEL_SOURCE)
-            if model is not None and model.request_key is not None:
+        model = view.sources.get(MODEL_SOURCE) if key is not None or decision.features else None
+        if model is not None and request.task in view.sources.get(
+                DRIFT_SOURCE, EMPTY_DRIFT).drifting:
+            model = None  # its live error is beyond the bound: history until retrained
+            decision.notes.append("prediction_drift")
+        if model is not None:
+            features = decision.features
+            if key is not None and model.request_key is not None:
                 p50, p90, _hit = model.compiled.predict_key(key)
-                decision.predicted_runtime_s = p50
-                decision.predicted_p90_s = p90
-                decision.prediction_source = "model"
-                return
-        features = decision.features
-        if features:
-            model = view.sources.get(MODEL_SOURCE)
-            if model is not None and len(features) == len(model.spec.names):
+            elif features and len(features) == len(model.spec.names):
                 p50, p90, _hit = model.compiled.predict(features)
-                decision.predicted_runtime_s = p50
-                decision.predicted_p90_s = p90
-                decision.prediction_source = "model"
-                return
+            else:
+                model = None
+        if model is not None:
+            default = model.base_default_s
+            if default is not None:  # the model corrects the history estimate
+                history = view.sources.get(HISTORY_SOURCE, EMPTY_HISTORY)
+                base = base_of(history.of(decision.tenant, request.task), default)
+                p50 *= base
+                p90 *= base
+            decision.predicted_runtime_s = p50
+            decision.predicted_p90_s = p90
+            decision.prediction_source = "model"
+            return
         history = view.sources.get(HISTORY_SOURCE, EMPTY_HISTORY)
         found = history.estimates.get((decision.tenant, request.task))
         source = "history"
@@ -101,4 +113,5 @@ def prediction_stages(clock: Callable[[], float] | None = None
     """Both stages sharing one model source and one history source (``clock``: see
     :class:`HistorySource`)."""
     model, history = ModelSource(), HistorySource(clock=clock)
-    return {"features": FeatureStage(model, history), "predict": PredictStage(model, history)}
+    return {"features": FeatureStage(model, history),
+            "predict": PredictStage(model, history, DriftSource(clock=clock))}

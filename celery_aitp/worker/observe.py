@@ -21,6 +21,7 @@ from typing import Any
 from celery import signals
 
 from celery_aitp.core.request import read_header
+from celery_aitp.predict.drift import DriftSink
 from celery_aitp.predict.features import argument_features
 from celery_aitp.predict.history import HistorySink
 from celery_aitp.worker.ledger import RunLedger
@@ -121,13 +122,17 @@ def checked_header(raw: Mapping[str, Any], tenants: Any) -> tuple[dict[str, Any]
     return out, bad
 
 
-def record_run(ledger: RunLedger, history: HistorySink, record: Mapping[str, Any]) -> None:
+def record_run(ledger: RunLedger, history: HistorySink, record: Mapping[str, Any],
+               drift: DriftSink | None = None) -> None:
     """What a worker does with a finished run besides shipping its record: the run ledger
-    (profiles, observed usage) and, for a success, the history summary. The replay
-    simulator's workers call it too."""
+    (profiles, observed usage) and, for a success, the history summary and (when the
+    model predicted it) the task's live prediction error. The replay simulator's workers
+    call it too."""
     ledger.add(record)
     if record.get("outcome") == "SUCCESS" and record.get("tenant"):
         history.add(record["tenant"], record["task"], record["runtime_s"])
+        if drift is not None and record.get("prediction_source") == "model":
+            drift.add(record["task"], record["runtime_s"], record.get("predicted_runtime_s"))
 
 
 class Observer:
@@ -140,6 +145,7 @@ class Observer:
         self._meter: RunMeter | None = None
         self._ledger: RunLedger | None = None
         self._history: HistorySink | None = None
+        self._drift: DriftSink | None = None
         #: Accelerator class of this worker (set by the worker step; None if unflagged).
         self.accelerator: str | None = None
         self._reported: set[str] = set()  # header fields whose rejection was logged
@@ -159,6 +165,8 @@ class Observer:
             mw.live.add_flusher(self._ledger.flush)
             self._history = HistorySink(mw.counters)
             mw.live.add_flusher(self._history.flush)
+            self._drift = DriftSink(mw.counters)
+            mw.live.add_flusher(self._drift.flush)
             self._pid = os.getpid()
         return self._meter, self._ledger, self._history
 
@@ -187,7 +195,7 @@ class Observer:
             record.update(measures)
             mw = self.app.aitp
             mw.live.buffer(mw.store.keys.observations).add(record)
-            record_run(ledger, history, record)
+            record_run(ledger, history, record, self._drift)
         except Exception:  # recording must never fail a task
             self.app.aitp.counters.incr("observations_failed")
             logger.debug("aitp: could not record run of %s", task_id, exc_info=True)

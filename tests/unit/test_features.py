@@ -9,14 +9,17 @@ from enum import IntEnum
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_aitp.predict.features import (
     BASE_FEATURES,
     BIG,
+    HISTORY_FEATURES,
     FeatureSpec,
     argument_features,
+    base_of,
     history_features,
     hour_and_weekday,
     value_of,
@@ -82,21 +85,36 @@ def test_utc_hour_and_weekday():
 
 
 def test_history_features_use_the_newest_runs():
-    assert history_features([3.0, 1.0, 100.0], 57) == (2.0, 104.0 / 3, 57)
+    found = dict(zip(HISTORY_FEATURES, history_features([3.0, 1.0, 100.0], 57, [8.0, 2.0]),
+                     strict=True))
+    assert found["h_last2"] == 2.0 and found["h_mean"] == 104.0 / 3 and found["h_count"] == 57
+    assert found["h_last"] == 3.0 and found["h_prev"] == 1.0 and found["h_median"] == 3.0
+    assert found["h_spread"] == pytest.approx(math.log(3.0))
+    assert found["t_last2"] == 5.0  # the tenant's runs of any task
+    assert found["base_s"] == 2.0  # the pair's own last two come first
     assert history_features([5.0], 10_000)[2] == 100  # the count is capped
-    last2, mean, count = history_features([], 0)
-    assert math.isnan(last2) and math.isnan(mean) and count == 0
+    assert math.isnan(history_features([5.0], 1)[HISTORY_FEATURES.index("h_spread")])
+    empty = history_features([], 0)
+    assert math.isnan(empty[0]) and math.isnan(empty[1]) and empty[2] == 0
+
+
+def test_base_falls_back_from_pair_to_tenant_to_default():
+    assert base_of(history_features([4.0, 2.0], 2, [9.0]), 7.0) == 3.0
+    assert base_of(history_features([], 0, [9.0, 1.0]), 7.0) == 5.0
+    assert base_of(None, 7.0) == 7.0
+    assert base_of(history_features([0.0, 0.0], 2), 7.0) == 7.0  # never a zero base
 
 
 def test_the_vector_follows_the_spec_names():
     spec = FeatureSpec(["rows"], ["report"], ["acme"])
     vec = spec.vector("report", "acme", (640, [1, 2]), {"rows": 9}, 12, 13, 2.5, 1,
-                      1_700_000_000.0, (0.5, 0.7, 4))
+                      1_700_000_000.0, history_features([0.4, 0.6, 1.1], 4))
     named = dict(zip(spec.names, vec, strict=True))
     assert spec.names[: len(BASE_FEATURES)] == BASE_FEATURES and spec.names[-1] == "kw.rows"
     assert named["task"] == 0 and named["tenant"] == 0 and named["arg0"] == 640
     assert named["arg1"] == 2 and math.isnan(named["arg2"]) and named["kw.rows"] == 9
     assert named["args_bytes"] == 12 and named["hint_s"] == 2.5 and named["h_last2"] == 0.5
+    assert named["h_last"] == 0.4 and named["h_median"] == 0.6 and named["base_s"] == 0.5
     unknown = spec.vector("other", "globex", None, None, None, None, None, None, None, None)
     assert all(math.isnan(v) for v in unknown[:2]) and unknown[2] == 0
 

@@ -33,10 +33,11 @@ def test_runs_are_kept_newest_first_and_capped(store):
 
 
 def test_the_summary_holds_a_bounded_number_of_pairs(store):
-    history = HistoryStore(store, max_pairs=3)
+    history = HistoryStore(store, max_pairs=3)  # fields: the tenant's own, then two pairs
     refused = history.add_runs([("t", f"task{i}", 1.0) for i in range(5)])
-    assert refused == 2 and len(history.read()) == 3
-    assert history.add_runs([("t", "task0", 2.0)]) == 0  # known pairs keep updating
+    assert refused == 3 and len(history.read()) == 3
+    assert set(history.read()) == {("t", ""), ("t", "task0"), ("t", "task1")}
+    assert history.add_runs([("t", "task0", 2.0)]) == 0  # known fields keep updating
 
 
 def test_malformed_entries_are_ignored():
@@ -50,7 +51,19 @@ def test_cold_start_estimates_are_last_two_mean_and_recent_p90():
     view = HistoryView.from_entries({("a", "t"): (5, [1.0, 3.0]), ("b", "t"): (1, [10.0])})
     assert view.estimates[("a", "t")] == (2.0, 3.0)
     assert view.task_estimates["t"] == (14.0 / 3, 10.0)  # last two of each tenant, pooled
-    assert view.features[("a", "t")] == (2.0, 2.0, 5)
+    assert view.features[("a", "t")][:3] == (2.0, 2.0, 5)
+
+
+def test_a_tenants_first_run_of_a_task_gets_the_tenants_history(store):
+    history = HistoryStore(store)
+    history.add_runs([("acme", "report", 4.0), ("acme", "resize", 2.0)])
+    view = HistoryView.from_entries(history.read())
+    assert ("acme", "") not in view.features and "" not in view.task_estimates
+    pair = view.of("acme", "report")
+    assert pair is not None and pair[0] == 4.0 and pair[-2] == 3.0  # t_last2: 2.0 and 4.0
+    first = view.of("acme", "export")  # never ran: only the tenant's runs are known
+    assert first is not None and math.isnan(first[0]) and first[-1] == 3.0
+    assert view.of("globex", "report") is None
 
 
 def test_the_source_rereads_only_when_the_version_moves(store):

@@ -6,6 +6,7 @@ import math
 import random
 
 from celery_aitp.predict.bundle import load_bundle
+from celery_aitp.predict.features import history_features
 
 ODD = [None, True, False, 0, -0.0, 1e-36, -1e-36, math.nan, math.inf, -math.inf, 10**400,
        "", "text" * 50, b"xy", [1, 2, 3], (), {"a": 1}, {4, 5}, object(), 3.5, -7, 2**70]
@@ -34,7 +35,8 @@ def test_the_request_key_equals_the_key_of_the_vector(trained):
             rng.choice([None, 0.5, 30, "slow", math.nan]),
             rng.choice([0, 1, 7, None, 2.0]),
             rng.choice([1.7e9 + rng.uniform(0, 1e7), 1_700_000_000, None, -5.0, math.nan]),
-            rng.choice([None, (0.5, 1.25, 12), (math.nan, math.nan, 0)]),
+            rng.choice([None, history_features([0.5, 2.0, 1.25], 12, [3.0]),
+                            history_features([], 0, [7.0]), history_features([], 0)]),
         )
         assert model.request_key(*inputs) == compiled.key(spec.vector(*inputs)), inputs
 
@@ -45,7 +47,7 @@ def test_a_miss_from_the_key_predicts_what_the_vector_walk_gives(trained):
     for task in spec.tasks:
         for size in (1, 50, 900, 20_000):
             inputs = (task, next(iter(spec.tenants)), (size, size // 3), {"rows": size},
-                      9, 12, None, 0, 1.7e9, (0.4, 0.9, 30))
+                      9, 12, None, 0, 1.7e9, history_features([0.4, 0.9, 1.4], 30))
             compiled.cache.clear()
             got = compiled.predict_key(model.request_key(*inputs))
             assert got[:2] == compiled.evaluate(spec.vector(*inputs)) and not got[2]

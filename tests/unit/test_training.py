@@ -60,12 +60,18 @@ def test_history_holds_only_runs_finished_before_publication():
         {**GOOD, "published_at": 5.0, "runtime_s": 1.0},    # sees only the second run
         {**GOOD, "published_at": 20.0, "runtime_s": 1.0},   # sees all three
         {**GOOD, "tenant": "b", "published_at": 21.0, "runtime_s": 1.0},  # another pair
+        {**GOOD, "task": "other", "published_at": 22.0, "runtime_s": 1.0},  # same tenant
     ]
     observations = build_dataset(runs).observations
     assert observations[0].history is None and observations[1].history is None
-    assert observations[2].history == (2.0, 2.0, 1)
-    assert observations[3].history == ((1.0 + 10.0) / 2, 13.0 / 3, 3)
+    assert observations[2].history is not None and observations[2].history[:3] == (2.0, 2.0, 1)
+    assert observations[3].history is not None
+    assert observations[3].history[:3] == ((1.0 + 10.0) / 2, 13.0 / 3, 3)
     assert observations[4].history is None
+    # a tenant's new task: no pair history, but the tenant's last two (runs 4 and 1 of "a")
+    first_of_task = observations[5].history
+    assert first_of_task is not None and math.isnan(first_of_task[0])
+    assert first_of_task[-2:] == (5.5, 5.5)
 
 
 def test_baselines_on_a_hand_made_example():
