@@ -16,14 +16,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class BenchWorker:
-    """One ``celery worker`` of ``benchmarks.sched_app`` (threads pool: the tasks sleep)."""
+    """One ``celery worker`` of a benchmark app (threads pool: the tasks sleep)."""
 
-    def __init__(self, name: str, slots: int, flags: list[str], env: dict[str, str]) -> None:
+    def __init__(self, name: str, slots: int, flags: list[str], env: dict[str, str],
+                 app: str = "benchmarks.sched_app") -> None:
         self.name = name
         fd, log = tempfile.mkstemp(prefix=f"aitp-bench-{name}-", suffix=".log")
         os.close(fd)
         self.log = Path(log)
-        self.cmd = [sys.executable, "-m", "celery", "-A", "benchmarks.sched_app", "worker",
+        self.cmd = [sys.executable, "-m", "celery", "-A", app, "worker",
                     "-n", f"{name}@%h", "-P", "threads", "-c", str(slots), "--loglevel", "INFO",
                     "--without-gossip", "--without-mingle", "--without-heartbeat", *flags]
         self.env = dict(os.environ, **env, PYTHONPATH=str(ROOT))
