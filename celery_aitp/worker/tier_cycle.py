@@ -10,8 +10,12 @@ queue was served (``rotate``). :class:`WeightedTierCycle` is such a strategy
 * queues are offered in increasing pass (ties: heavier first), and the served queue's
   pass grows by ``1 / w_q``;
 * a queue that was offered before the served one was empty at that moment, so its pass
-  is raised to the served queue's: a queue cannot save up credit while idle and then
-  burst.
+  is raised to one of its own steps (``1 / w_q``) past the served queue's: a queue cannot
+  save up credit while idle and then burst, and a message arriving in a queue that was
+  empty takes its turn behind a backlogged heavier queue instead of going first (raised
+  only to the served queue's pass, an idle light queue would stay just ahead of the
+  heavy one it trails, and every message arriving in it would be read next: on a worker
+  whose top tier is backlogged, each new long task would jump the queue).
 
 While every queue has work, queue ``q`` gets ``w_q / sum(w)`` of the reads; an empty
 higher tier costs nothing (the read goes to the next queue). A backlogged queue's pass
@@ -173,7 +177,8 @@ class WeightedTierCycle:
         return order
 
     def rotate(self, last_used: str) -> str:
-        """Charge the served queue; queues offered before it were empty: no credit."""
+        """Charge the served queue; queues offered before it were empty: no credit, and
+        their next message waits one of their own steps behind the served queue."""
         passes = self.passes
         base = passes.get(last_used)
         if base is None:
@@ -181,8 +186,9 @@ class WeightedTierCycle:
         for queue in self._offered:
             if queue == last_used:
                 break
-            if passes.get(queue, base) < base:
-                passes[queue] = base
+            behind = base + 1.0 / weight_of(queue)
+            if passes.get(queue, base) < behind:
+                passes[queue] = behind
         passes[last_used] = base + 1.0 / weight_of(last_used)
         low = min(passes.values())
         if low > _RENORMALISE_AT:

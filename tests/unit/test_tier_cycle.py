@@ -73,6 +73,18 @@ def test_an_idle_queue_cannot_save_up_credit_and_burst():
     assert first.count("aitp.a.cpu.lo") <= 3
 
 
+def test_a_message_arriving_in_an_empty_light_queue_waits_behind_a_backlogged_heavy_one():
+    cycle = WeightedTierCycle(Q)
+    queues = {q: deque() for q in Q}
+    queues["aitp.a.cpu.hi"].extend(range(10_000))
+    for _ in range(200):
+        assert brpop(cycle, queues) == "aitp.a.cpu.hi"  # lo offered first, empty
+    queues["aitp.a.cpu.lo"].append("long")
+    reads = [brpop(cycle, queues) for _ in range(70)]
+    # one step of lo is 64 steps of hi: the new lo message is not read next
+    assert reads[:60] == ["aitp.a.cpu.hi"] * 60 and "aitp.a.cpu.lo" in reads
+
+
 def test_the_documented_gap_bound_holds_under_random_arrivals():
     rng = random.Random(3)
     cycle = WeightedTierCycle(Q)
