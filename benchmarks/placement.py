@@ -70,6 +70,10 @@ RUNS = ("fifo", "oracle", "cold", "aitp")
 SLOWDOWN_BOUND_S = 0.1
 SHORT_SHARE = 0.8
 DRAIN_STALL_S = 60.0
+#: A run whose tasks' sleeps overran by more than this on average (ms) was disturbed by
+#: the machine (other processes starving the worker), not by the order: it is repeated.
+DISTURBED_MS = 15.0
+ATTEMPTS = 3
 
 
 # --- metrics -----------------------------------------------------------------------
@@ -95,6 +99,7 @@ class Figures:
     short_mean_wait_s: float
     long_max_wait_s: float
     long_mean_wait_s: float
+    overrun_ms: float  # how much longer the tasks' sleeps took than asked (machine stalls)
     tiers: dict[str, int] = field(default_factory=dict)
 
 
@@ -109,12 +114,14 @@ def figures(run: str, items: list[Item], published: list[float], started: list[f
                                                       SLOWDOWN_BOUND_S) for i in done]
     short_w = [wait[i] for i in done if i in short]
     long_w = [wait[i] for i in done if i not in short]
+    overrun = _mean([finished[i] - started[i] - items[i].runtime_s for i in done]) * 1000
     counts: dict[str, int] = {}
     for i in done:
         name = tiers[i] or "-"
         counts[name] = counts.get(name, 0) + 1
     return Figures(run, len(done), len(items) - len(done), _mean(slow), quantile(short_w, 0.95),
-                   _mean(short_w), max(long_w, default=math.nan), _mean(long_w), counts)
+                   _mean(short_w), max(long_w, default=math.nan), _mean(long_w), overrun,
+                   counts)
 
 
 def _mean(values: list[float]) -> float:
@@ -230,7 +237,7 @@ class Bench:
                 for run in runs:
                     if run == "aitp":
                         self.train(name)
-                    out[run] = self.measure(app, run)
+                    out[run] = self.measure_undisturbed(app, run)
             if mode != "fifo":
                 app.aitp.close()
         finally:
@@ -256,8 +263,20 @@ class Bench:
         self.notes.append(f"aitp train exit {done.returncode}: "
                           + " | ".join(line.strip() for line in lines[-4:])[:400])
 
-    def measure(self, app: Any, run: str) -> Figures:
-        id_prefix = f"{self.tag}-{run}-"
+    def measure_undisturbed(self, app: Any, run: str) -> Figures:
+        """Measure; again (up to ``ATTEMPTS`` in all) while the machine disturbed the run."""
+        for attempt in range(1, ATTEMPTS + 1):
+            found = self.measure(app, run, attempt)
+            if found.overrun_ms <= DISTURBED_MS:
+                return found
+            self.notes.append(f"{run}: attempt {attempt} disturbed (the tasks' sleeps overran "
+                              f"by {found.overrun_ms:.0f} ms on average)"
+                              + ("; repeated" if attempt < ATTEMPTS else "; kept"))
+            print(self.notes[-1], flush=True)
+        return found
+
+    def measure(self, app: Any, run: str, attempt: int = 1) -> Figures:
+        id_prefix = f"{self.tag}-{run}{attempt}-"
         task = app.tasks[TASK]
         published = [math.nan] * len(self.items)
         t0 = time.time() + 0.2
@@ -306,8 +325,8 @@ class Bench:
 def table(results: dict[str, dict[str, Figures]]) -> str:
     """The figures of every workload and run, with the ratios to FIFO (Markdown)."""
     lines = ["| workload | run | tasks | mean slowdown | x FIFO | short p95 wait s | x FIFO "
-             "| long max wait s | x FIFO | tiers |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| long max wait s | x FIFO | overrun ms | tiers |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for workload, runs in results.items():
         fifo = runs.get("fifo")
         for f in runs.values():
@@ -317,7 +336,7 @@ def table(results: dict[str, dict[str, Figures]]) -> str:
                 f"| {workload} | {f.run} | {f.tasks}{lost} | {f.mean_slowdown:.2f} | "
                 f"{_ratio(f, fifo, 'mean_slowdown')} | {f.short_p95_wait_s:.3f} | "
                 f"{_ratio(f, fifo, 'short_p95_wait_s')} | {f.long_max_wait_s:.2f} | "
-                f"{_ratio(f, fifo, 'long_max_wait_s')} | {tiers} |")
+                f"{_ratio(f, fifo, 'long_max_wait_s')} | {f.overrun_ms:.1f} | {tiers} |")
     return "\n".join(lines) + "\n"
 
 
@@ -341,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="Redis database the benchmark may use (broker and store)")
     parser.add_argument("--quick", action="store_true", help="short runs (for iteration)")
     parser.add_argument("--duration", type=float, default=None,
-                        help="seconds of arrivals per run (default 50; 20 with --quick)")
+                        help="seconds of arrivals per run (default 60; 20 with --quick)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--runs", default=",".join(RUNS))
     parser.add_argument("--seed", type=int, default=1)
@@ -355,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.broker.startswith("redis"):
         raise SystemExit("error: --broker must be a redis:// URL (the tasks' timings and the "
                          "store live in Redis)")
-    duration = args.duration or (20.0 if args.quick else 50.0)
+    duration = args.duration or (20.0 if args.quick else 60.0)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     modes = [m.strip() for m in args.runs.split(",") if m.strip()]
     began = time.monotonic()
@@ -368,8 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         items = WORKLOADS[name].schedule(duration, args.seed + list(WORKLOADS).index(name))
         bench = Bench(args.broker, name, items, args.policy)
         bench.check_free()
-        print(f"{name}: {len(items)} tasks over {duration:g}s, offered load "
-              f"{offered_load(items, duration):.0%} of {SLOTS} processes", flush=True)
+        span = items[-1].at if items else duration
+        print(f"{name}: {len(items)} tasks over {span:.0f}s, offered load "
+              f"{offered_load(items, span):.0%} of {SLOTS} processes", flush=True)
         results[name] = bench.run(modes)
         found[name] = targets_of(results[name])
         notes[name] = bench.notes
@@ -378,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                 for run, rows in bench.raw.items():
                     raw.writelines(json.dumps({"workload": name, "run": run, **row}) + "\n"
                                    for row in rows)
-        meta[name] = {"tasks": len(items), "offered_load": offered_load(items, duration)}
+        meta[name] = {"tasks": len(items), "span_s": span,
+                      "offered_load": offered_load(items, span)}
         print(table({name: results[name]}) + targets_table({name: found[name]}), flush=True)
     elapsed = time.monotonic() - began
     md = table(results) + "\n" + targets_table(found)

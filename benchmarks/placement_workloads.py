@@ -4,7 +4,8 @@ Every workload publishes the same task, ``bench.job(d)``, whose argument ``d`` (
 about one millisecond each) decides its runtime up to a small log-normal noise the
 argument does not explain. Nothing is declared: no tier, no hint. Arrivals are Poisson at
 ``load`` (0.85) of one worker's capacity (``SLOTS`` processes), computed from the mix's
-mean runtime, so every workload offers the same utilisation. Deterministic for a seed.
+mean runtime; the arrival times are then scaled so that the run's work is exactly that
+load (every workload and seed offers the same utilisation). Deterministic for a seed.
 
 - ``bimodal``: 80% of calls take 10-50 ms, 20% take 0.5-1.5 s; two tenants at random;
 - ``pareto``: heavy-tailed runtimes (Pareto, alpha 1.5, from 50 ms, capped at 5 s);
@@ -85,7 +86,7 @@ class Workload:
             else:
                 t += rng.expovariate(rate)
             if t >= duration_s:
-                return items
+                return _at_load(items, duration_s, load)
             ideal = self.size(rng)
             units = max(1, round(ideal * 1000))
             runtime = units / 1000 * rng.lognormvariate(0.0, NOISE_SIGMA)
@@ -99,6 +100,13 @@ WORKLOADS = {
     "skewed": Workload("skewed", _bimodal, heavy_share=0.8),
     "bursts": Workload("bursts", _bimodal, bursty=True),
 }
+
+
+def _at_load(items: list[Item], duration_s: float, load: float) -> list[Item]:
+    """The same arrivals with their times scaled so the work they bring is exactly
+    ``load`` of the capacity over the run (a random draw may bring 77% or 90%)."""
+    factor = offered_load(items, duration_s) / load
+    return [Item(i.index, i.at * factor, i.tenant, i.units, i.runtime_s) for i in items]
 
 
 def offered_load(items: list[Item], duration_s: float) -> float:
