@@ -73,7 +73,6 @@ DRAIN_STALL_S = 60.0
 #: A run whose tasks' sleeps overran by more than this on average (ms) was disturbed by
 #: the machine (other processes starving the worker), not by the order: it is repeated.
 DISTURBED_MS = 15.0
-ATTEMPTS = 3
 
 
 # --- metrics -----------------------------------------------------------------------
@@ -166,16 +165,17 @@ class Bench:
     """The runs of one workload on one broker."""
 
     def __init__(self, broker: str, workload: str, items: list[Item],
-                 policy: str | None = None) -> None:
+                 policy: str | None = None, attempts: int = 2) -> None:
         self.broker = broker
+        self.attempts = attempts
         self.policy = policy
         self.workload = workload
         self.items = items
         self.client = redis.Redis.from_url(broker)
         self.tag = f"aitp-place-{os.getpid()}-{workload}"
-        policy = load_policy(POLICY)
-        self.tier_queues = all_tier_queues(policy.tenants, policy.accelerators,
-                                           policy.tier_names)
+        parsed = load_policy(POLICY)
+        self.tier_queues = all_tier_queues(parsed.tenants, parsed.accelerators,
+                                           parsed.tier_names)
         self.cpu_queues = {q for q in self.tier_queues if q.split(".")[2] == "cpu"}
         self.notes: list[str] = []
         self.raw: dict[str, list[dict[str, Any]]] = {}  # per run, per task (--raw)
@@ -217,7 +217,7 @@ class Bench:
         for mode in ("fifo", "oracle"):
             if mode in modes:
                 found.update(self.deployment(mode, [mode]))
-        learned = [m for m in ("cold", "aitp") if m in modes]
+        learned: list[str] = [m for m in ("cold", "aitp") if m in modes]
         if learned:
             found.update(self.deployment("learned", learned))
         return found
@@ -264,16 +264,16 @@ class Bench:
                           + " | ".join(line.strip() for line in lines[-4:])[:400])
 
     def measure_undisturbed(self, app: Any, run: str) -> Figures:
-        """Measure; again (up to ``ATTEMPTS`` in all) while the machine disturbed the run."""
-        for attempt in range(1, ATTEMPTS + 1):
+        """Measure; again (up to ``attempts`` in all) while the machine disturbed the run."""
+        for attempt in range(1, self.attempts + 1):
             found = self.measure(app, run, attempt)
             if found.overrun_ms <= DISTURBED_MS:
                 return found
             self.notes.append(f"{run}: attempt {attempt} disturbed (the tasks' sleeps overran "
                               f"by {found.overrun_ms:.0f} ms on average)"
-                              + ("; repeated" if attempt < ATTEMPTS else "; kept"))
+                              + ("; repeated" if attempt < self.attempts else "; kept"))
             print(self.notes[-1], flush=True)
-        return found
+        return found  # the last attempt's, disturbed (noted)
 
     def measure(self, app: Any, run: str, attempt: int = 1) -> Figures:
         id_prefix = f"{self.tag}-{run}{attempt}-"
@@ -367,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default=None,
                         help="JSON object replacing top-level fields of the workload's policy "
                              "(e.g. to compare a setting); default: celery_aitp's defaults")
+    parser.add_argument("--attempts", type=int, default=2,
+                        help="measure a run the machine disturbed again, up to this many times")
     parser.add_argument("--raw", type=Path, default=None,
                         help="also write every task's timings here (JSON lines)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -385,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, Any] = {}
     for name in workloads:
         items = WORKLOADS[name].schedule(duration, args.seed + list(WORKLOADS).index(name))
-        bench = Bench(args.broker, name, items, args.policy)
+        bench = Bench(args.broker, name, items, args.policy, max(1, args.attempts))
         bench.check_free()
         span = items[-1].at if items else duration
         print(f"{name}: {len(items)} tasks over {span:.0f}s, offered load "
