@@ -23,9 +23,12 @@ stands still while the others' grow, so its rank rises with every read it waits:
 effective priority of its oldest message rises with waiting time.
 
 Fair share on the worker side: while a tenant is above its fair share (the ``usage``
-source of the worker's live view, see :func:`follow_usage`), its queues are read with
-the weight of the tier below (below the lowest tier: a further ``1/8``). So demotion
-also applies to messages already queued before it, and to the lowest tier.
+source of the worker's live view, see :func:`follow_usage`), its queue of the lowest
+tier is read with a further ``1/8`` of that tier's weight, so demotion also works where
+producers cannot place a task any lower. Its higher tiers keep their weight: producers
+already place its new tasks one tier lower, and reading, say, its ``mid`` queue with
+``lo``'s weight as well would put its short tasks level with everyone's long ones (tiers
+are size classes), which costs every tenant's mean slowdown for little fairness.
 
 **Bound.** Between two reads of a backlogged queue ``q`` (among ``m`` queues of total
 weight ``W``) there are at most ``G_q = ceil(W / w_q) + 2m`` reads of other queues; a
@@ -66,8 +69,9 @@ class WeightPlan:
     def __init__(self, policy: Policy, queues: Iterable[str]) -> None:
         tiers = policy.tier_weights()
         names = policy.tier_names
-        below = {name: tiers[names[i + 1]] if i + 1 < len(names)
-                 else tiers[name] / TIER_WEIGHT_RATIO for i, name in enumerate(names)}
+        lowest = names[-1]
+        below = {name: tiers[name] / TIER_WEIGHT_RATIO if name == lowest else tiers[name]
+                 for name in names}
         self.weights: dict[str, float] = {}
         self.demoted: dict[str, float] = {}
         self.tenants: dict[str, str] = {}
@@ -124,7 +128,7 @@ def configure(plan: WeightPlan | Mapping[str, float], default: float = 1.0) -> N
 
 
 def set_demoted(tenants: frozenset[str]) -> None:
-    """Tenants above their fair share right now (their queues read one tier lower)."""
+    """Tenants above their fair share right now (their lowest tier read behind the others)."""
     global _demoted
     _demoted = frozenset(tenants)
 
