@@ -1,6 +1,6 @@
 """Placement with nothing declared: plain Celery FIFO vs celery_aitp, real workers.
 
-    python benchmarks/placement.py [--broker redis://127.0.0.1:6379/8] [--quick]
+    python benchmarks/placement.py [--broker redis://127.0.0.1:6379/15] [--quick]
 
 One 4-process worker (threads pool: the tasks sleep), one undeclared task ``job(d)``
 whose argument decides its runtime, Poisson arrivals at 85% of the worker's capacity,
@@ -31,6 +31,7 @@ given database and refuses one whose tier queues hold messages.
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 import os
@@ -156,6 +157,43 @@ def targets_of(runs: dict[str, Figures]) -> list[Target]:
         found.append(Target("cold mean slowdown / fifo",
                             cold.mean_slowdown / fifo.mean_slowdown, 1.0))
     return found
+
+
+def simulated(items: list[Item], shortest_first: bool) -> Figures:
+    """The same arrivals on an ideal worker (``SLOTS`` processes, no overhead, exact
+    runtimes, non-preemptive), served first come first served or shortest job first:
+    what any order that cannot interrupt a running task could do on these arrivals."""
+    events: list[tuple[float, int, int]] = [(i.at, 0, i.index) for i in items]
+    heapq.heapify(events)
+    waiting: list[tuple[float, int]] = []
+    free, started = SLOTS, [math.nan] * len(items)
+    while events:
+        now, kind, index = heapq.heappop(events)
+        if kind == 0:
+            item = items[index]
+            heapq.heappush(waiting, (item.runtime_s if shortest_first else item.at, index))
+        else:
+            free += 1
+        while free and waiting:
+            _, chosen = heapq.heappop(waiting)
+            started[chosen] = now
+            free -= 1
+            heapq.heappush(events, (now + items[chosen].runtime_s, 1, chosen))
+    published = [i.at for i in items]
+    finished = [started[i.index] + i.runtime_s for i in items]
+    return figures("ideal SJF" if shortest_first else "ideal FIFO", items, published,
+                   started, finished, [None] * len(items))
+
+
+def ideal_targets(items: list[Item]) -> list[Target]:
+    """The aitp targets' ratios for ideal SJF against ideal FIFO (see :func:`simulated`)."""
+    fifo, sjf = simulated(items, False), simulated(items, True)
+    return [Target("ideal SJF mean slowdown / FIFO", sjf.mean_slowdown / fifo.mean_slowdown,
+                   0.5),
+            Target("ideal SJF short p95 wait / FIFO",
+                   sjf.short_p95_wait_s / fifo.short_p95_wait_s, 0.3),
+            Target("ideal SJF long max wait / FIFO",
+                   sjf.long_max_wait_s / fifo.long_max_wait_s, 2.0)]
 
 
 # --- one workload's runs ---------------------------------------------------------------
@@ -356,7 +394,7 @@ def targets_table(found: dict[str, list[Target]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--broker", default=os.environ.get("AITP_BENCH_REDIS_URL",
-                                                           "redis://127.0.0.1:6379/8"),
+                                                           "redis://127.0.0.1:6379/14"),
                         help="Redis database the benchmark may use (broker and store)")
     parser.add_argument("--quick", action="store_true", help="short runs (for iteration)")
     parser.add_argument("--duration", type=float, default=None,
@@ -384,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Figures]] = {}
     found: dict[str, list[Target]] = {}
     notes: dict[str, list[str]] = {}
+    ideal: dict[str, list[Target]] = {}
     meta: dict[str, Any] = {}
     for name in workloads:
         items = WORKLOADS[name].schedule(duration, args.seed + list(WORKLOADS).index(name))
@@ -394,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{offered_load(items, span):.0%} of {SLOTS} processes", flush=True)
         results[name] = bench.run(modes)
         found[name] = targets_of(results[name])
+        ideal[name] = ideal_targets(items)
         notes[name] = bench.notes
         if args.raw is not None:
             with args.raw.open("a") as raw:
@@ -402,9 +442,13 @@ def main(argv: list[str] | None = None) -> int:
                                    for row in rows)
         meta[name] = {"tasks": len(items), "span_s": span,
                       "offered_load": offered_load(items, span)}
-        print(table({name: results[name]}) + targets_table({name: found[name]}), flush=True)
+        print(table({name: results[name]}) + targets_table({name: found[name]})
+              + targets_table({name: ideal[name]}), flush=True)
     elapsed = time.monotonic() - began
-    md = table(results) + "\n" + targets_table(found)
+    md = (table(results) + "\n" + targets_table(found)
+          + "\nThe same ratios for an ideal non-preemptive worker (simulated: exact runtimes, "
+          "no overhead, shortest job first against first come first served, same arrivals):"
+          "\n\n" + targets_table(ideal))
     print(md)
     for name, lines in notes.items():
         for line in lines:
@@ -423,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
                    "short_share": SHORT_SHARE},
         "workloads": {name: {**meta[name], "notes": notes[name],
                              "runs": {r: f.__dict__ for r, f in results[name].items()},
-                             "targets": [{**t.__dict__, "met": t.met} for t in found[name]]}
+                             "targets": [{**t.__dict__, "met": t.met} for t in found[name]],
+                             "ideal": [{**t.__dict__, "met": t.met} for t in ideal[name]]}
                       for name in results},
         "elapsed_s": elapsed,
     }

@@ -82,7 +82,7 @@ def make_app(mode: str, broker: str, prefix: str, queue: str,
 
 app = make_app(
     os.environ.get("AITP_BENCH_MODE", "aitp"),
-    os.environ.get("AITP_BENCH_BROKER", "redis://127.0.0.1:6379/8"),
+    os.environ.get("AITP_BENCH_BROKER", "redis://127.0.0.1:6379/14"),
     os.environ.get("AITP_BENCH_PREFIX", "aitp-placement"),
     os.environ.get("AITP_BENCH_QUEUE", "aitp-placement"),
     policy_with(os.environ.get("AITP_BENCH_POLICY")),
