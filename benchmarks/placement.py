@@ -428,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         items = WORKLOADS[name].schedule(duration, args.seed + list(WORKLOADS).index(name))
         bench = Bench(args.broker, name, items, args.policy, max(1, args.attempts))
         bench.check_free()
-        span = items[-1].at if items else duration
+        # the window the arrivals were scaled to (the last arrival may come before its end)
+        span = sum(i.runtime_s for i in items) / (SLOTS * LOAD) if items else duration
         print(f"{name}: {len(items)} tasks over {span:.0f}s, offered load "
               f"{offered_load(items, span):.0%} of {SLOTS} processes", flush=True)
         results[name] = bench.run(modes)
