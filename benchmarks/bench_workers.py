@@ -16,8 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class BenchWorker:
-    """One ``celery worker`` of ``benchmarks.sched_app`` (or ``app``; threads pool: the
-    tasks sleep)."""
+    """One ``celery worker`` of a benchmark app (threads pool: the tasks sleep)."""
 
     def __init__(self, name: str, slots: int, flags: list[str], env: dict[str, str],
                  app: str = "benchmarks.sched_app") -> None:

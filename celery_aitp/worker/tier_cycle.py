@@ -10,8 +10,12 @@ queue was served (``rotate``). :class:`WeightedTierCycle` is such a strategy
 * queues are offered in increasing pass (ties: heavier first), and the served queue's
   pass grows by ``1 / w_q``;
 * a queue that was offered before the served one was empty at that moment, so its pass
-  is raised to the served queue's: a queue cannot save up credit while idle and then
-  burst.
+  is raised to one of its own steps (``1 / w_q``) past the served queue's: a queue cannot
+  save up credit while idle and then burst, and a message arriving in a queue that was
+  empty takes its turn behind a backlogged heavier queue instead of going first (raised
+  only to the served queue's pass, an idle light queue would stay just ahead of the
+  heavy one it trails, and every message arriving in it would be read next: on a worker
+  whose top tier is backlogged, each new long task would jump the queue).
 
 While every queue has work, queue ``q`` gets ``w_q / sum(w)`` of the reads; an empty
 higher tier costs nothing (the read goes to the next queue). A backlogged queue's pass
@@ -19,9 +23,12 @@ stands still while the others' grow, so its rank rises with every read it waits:
 effective priority of its oldest message rises with waiting time.
 
 Fair share on the worker side: while a tenant is above its fair share (the ``usage``
-source of the worker's live view, see :func:`follow_usage`), its queues are read with
-the weight of the tier below (below the lowest tier: a further ``1/8``). So demotion
-also applies to messages already queued before it, and to the lowest tier.
+source of the worker's live view, see :func:`follow_usage`), its queue of the lowest
+tier is read with a further ``1/8`` of that tier's weight, so demotion also works where
+producers cannot place a task any lower. Its higher tiers keep their weight: producers
+already place its new tasks one tier lower, and reading, say, its ``mid`` queue with
+``lo``'s weight as well would put its short tasks level with everyone's long ones (tiers
+are size classes), which costs every tenant's mean slowdown for little fairness.
 
 **Bound.** Between two reads of a backlogged queue ``q`` (among ``m`` queues of total
 weight ``W``) there are at most ``G_q = ceil(W / w_q) + 2m`` reads of other queues; a
@@ -62,8 +69,9 @@ class WeightPlan:
     def __init__(self, policy: Policy, queues: Iterable[str]) -> None:
         tiers = policy.tier_weights()
         names = policy.tier_names
-        below = {name: tiers[names[i + 1]] if i + 1 < len(names)
-                 else tiers[name] / TIER_WEIGHT_RATIO for i, name in enumerate(names)}
+        lowest = names[-1]
+        below = {name: tiers[name] / TIER_WEIGHT_RATIO if name == lowest else tiers[name]
+                 for name in names}
         self.weights: dict[str, float] = {}
         self.demoted: dict[str, float] = {}
         self.tenants: dict[str, str] = {}
@@ -120,7 +128,7 @@ def configure(plan: WeightPlan | Mapping[str, float], default: float = 1.0) -> N
 
 
 def set_demoted(tenants: frozenset[str]) -> None:
-    """Tenants above their fair share right now (their queues read one tier lower)."""
+    """Tenants above their fair share right now (their lowest tier read behind the others)."""
     global _demoted
     _demoted = frozenset(tenants)
 
@@ -173,7 +181,8 @@ class WeightedTierCycle:
         return order
 
     def rotate(self, last_used: str) -> str:
-        """Charge the served queue; queues offered before it were empty: no credit."""
+        """Charge the served queue; queues offered before it were empty: no credit, and
+        their next message waits one of their own steps behind the served queue."""
         passes = self.passes
         base = passes.get(last_used)
         if base is None:
@@ -181,8 +190,9 @@ class WeightedTierCycle:
         for queue in self._offered:
             if queue == last_used:
                 break
-            if passes.get(queue, base) < base:
-                passes[queue] = base
+            behind = base + 1.0 / weight_of(queue)
+            if passes.get(queue, base) < behind:
+                passes[queue] = behind
         passes[last_used] = base + 1.0 / weight_of(last_used)
         low = min(passes.values())
         if low > _RENORMALISE_AT:

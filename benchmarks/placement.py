@@ -1,0 +1,481 @@
+"""Placement with nothing declared: plain Celery FIFO vs celery_aitp, real workers.
+
+    python benchmarks/placement.py [--broker redis://127.0.0.1:6379/15] [--quick]
+
+One 4-process worker (threads pool: the tasks sleep), one undeclared task ``job(d)``
+whose argument decides its runtime, Poisson arrivals at 85% of the worker's capacity,
+two tenants (see ``placement_workloads.py``: bimodal, pareto, skewed tenants, bursts).
+Each workload's arrivals are published in real time under four runs:
+
+- ``fifo``: plain Celery, no middleware, one queue;
+- ``oracle``: celery_aitp in takeover, its ``predict`` stage replaced by one that reads
+  the true runtime (the best its placement can do);
+- ``cold``: celery_aitp in takeover in a fresh deployment: no model, only the history
+  the runs themselves record;
+- ``aitp``: the same deployment after ``celery -A app aitp train`` has promoted a model
+  trained on the cold run's observations (the warm-up), with the default policy.
+
+Metrics (one definition, used for every run):
+
+- slowdown of a task = (wait + runtime) / max(runtime, 0.1 s);
+- short tasks = the fastest 80% by true runtime, long tasks = the slowest 20%;
+- targets per workload, for ``aitp``: mean slowdown <= 0.5x FIFO's and <= 1.2x the
+  oracle's; short tasks' p95 wait <= 0.3x FIFO's; long tasks' longest wait <= 2x FIFO's;
+  and for ``cold``: mean slowdown <= FIFO's.
+
+Prints the table with ratios and met/missed per target; writes
+``benchmarks/results/placement.json`` and ``placement.md``. Uses only its own keys in the
+given database and refuses one whose tier queues hold messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_workers import ROOT, BenchWorker, running  # noqa: E402
+from benchmarks.placement_app import (  # noqa: E402
+    RUNTIME_HEADER,
+    make_app,
+    policy_with,
+    results_key,
+)
+from benchmarks.placement_workloads import (  # noqa: E402
+    LOAD,
+    POLICY,
+    SLOTS,
+    TASK,
+    WORKLOADS,
+    Item,
+    offered_load,
+)
+from celery_aitp.policy import load_policy  # noqa: E402
+from celery_aitp.queues import all_tier_queues  # noqa: E402
+
+APP = "benchmarks.placement_app"
+RUNS = ("fifo", "oracle", "cold", "aitp")
+SLOWDOWN_BOUND_S = 0.1
+SHORT_SHARE = 0.8
+DRAIN_STALL_S = 60.0
+#: A run whose tasks' sleeps overran by more than this on average (ms) was disturbed by
+#: the machine (other processes starving the worker), not by the order: it is repeated.
+DISTURBED_MS = 15.0
+
+
+# --- metrics -----------------------------------------------------------------------
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Nearest-rank quantile (NaN for no values)."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+@dataclass
+class Figures:
+    """One run's figures over the tasks that ran."""
+
+    run: str
+    tasks: int
+    lost: int
+    mean_slowdown: float
+    short_p95_wait_s: float
+    short_mean_wait_s: float
+    long_max_wait_s: float
+    long_mean_wait_s: float
+    overrun_ms: float  # how much longer the tasks' sleeps took than asked (machine stalls)
+    tiers: dict[str, int] = field(default_factory=dict)
+
+
+def figures(run: str, items: list[Item], published: list[float], started: list[float],
+            finished: list[float], tiers: list[str | None]) -> Figures:
+    """Slowdown, short/long waits (short: the fastest 80% by true runtime)."""
+    by_runtime = sorted(items, key=lambda i: i.runtime_s)
+    short = {i.index for i in by_runtime[:round(SHORT_SHARE * len(items))]}
+    done = [i.index for i in items if not math.isnan(started[i.index])]
+    wait = {i: started[i] - published[i] for i in done}
+    slow = [(wait[i] + finished[i] - started[i]) / max(finished[i] - started[i],
+                                                      SLOWDOWN_BOUND_S) for i in done]
+    short_w = [wait[i] for i in done if i in short]
+    long_w = [wait[i] for i in done if i not in short]
+    overrun = _mean([finished[i] - started[i] - items[i].runtime_s for i in done]) * 1000
+    counts: dict[str, int] = {}
+    for i in done:
+        name = tiers[i] or "-"
+        counts[name] = counts.get(name, 0) + 1
+    return Figures(run, len(done), len(items) - len(done), _mean(slow), quantile(short_w, 0.95),
+                   _mean(short_w), max(long_w, default=math.nan), _mean(long_w), overrun,
+                   counts)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+@dataclass
+class Target:
+    name: str
+    value: float  # the ratio
+    limit: float
+
+    @property
+    def met(self) -> bool:
+        return self.value <= self.limit
+
+
+def targets_of(runs: dict[str, Figures]) -> list[Target]:
+    """The issue's targets, as ratios (only for the runs that were made)."""
+    found = []
+    fifo, oracle, aitp, cold = (runs.get(name) for name in ("fifo", "oracle", "aitp", "cold"))
+    if fifo and aitp:
+        found += [
+            Target("aitp mean slowdown / fifo", aitp.mean_slowdown / fifo.mean_slowdown, 0.5),
+            Target("aitp short p95 wait / fifo",
+                   aitp.short_p95_wait_s / fifo.short_p95_wait_s, 0.3),
+            Target("aitp long max wait / fifo",
+                   aitp.long_max_wait_s / fifo.long_max_wait_s, 2.0)]
+    if oracle and aitp:
+        found.append(Target("aitp mean slowdown / oracle",
+                            aitp.mean_slowdown / oracle.mean_slowdown, 1.2))
+    if fifo and cold:
+        found.append(Target("cold mean slowdown / fifo",
+                            cold.mean_slowdown / fifo.mean_slowdown, 1.0))
+    return found
+
+
+def simulated(items: list[Item], shortest_first: bool) -> Figures:
+    """The same arrivals on an ideal worker (``SLOTS`` processes, no overhead, exact
+    runtimes, non-preemptive), served first come first served or shortest job first:
+    what any order that cannot interrupt a running task could do on these arrivals."""
+    events: list[tuple[float, int, int]] = [(i.at, 0, i.index) for i in items]
+    heapq.heapify(events)
+    waiting: list[tuple[float, int]] = []
+    free, started = SLOTS, [math.nan] * len(items)
+    while events:
+        now, kind, index = heapq.heappop(events)
+        if kind == 0:
+            item = items[index]
+            heapq.heappush(waiting, (item.runtime_s if shortest_first else item.at, index))
+        else:
+            free += 1
+        while free and waiting:
+            _, chosen = heapq.heappop(waiting)
+            started[chosen] = now
+            free -= 1
+            heapq.heappush(events, (now + items[chosen].runtime_s, 1, chosen))
+    published = [i.at for i in items]
+    finished = [started[i.index] + i.runtime_s for i in items]
+    return figures("ideal SJF" if shortest_first else "ideal FIFO", items, published,
+                   started, finished, [None] * len(items))
+
+
+def ideal_targets(items: list[Item]) -> list[Target]:
+    """The aitp targets' ratios for ideal SJF against ideal FIFO (see :func:`simulated`)."""
+    fifo, sjf = simulated(items, False), simulated(items, True)
+    return [Target("ideal SJF mean slowdown / FIFO", sjf.mean_slowdown / fifo.mean_slowdown,
+                   0.5),
+            Target("ideal SJF short p95 wait / FIFO",
+                   sjf.short_p95_wait_s / fifo.short_p95_wait_s, 0.3),
+            Target("ideal SJF long max wait / FIFO",
+                   sjf.long_max_wait_s / fifo.long_max_wait_s, 2.0)]
+
+
+# --- one workload's runs ---------------------------------------------------------------
+
+
+class Bench:
+    """The runs of one workload on one broker."""
+
+    def __init__(self, broker: str, workload: str, items: list[Item],
+                 policy: str | None = None, attempts: int = 2) -> None:
+        self.broker = broker
+        self.attempts = attempts
+        self.policy = policy
+        self.workload = workload
+        self.items = items
+        self.client = redis.Redis.from_url(broker)
+        self.tag = f"aitp-place-{os.getpid()}-{workload}"
+        parsed = load_policy(POLICY)
+        self.tier_queues = all_tier_queues(parsed.tenants, parsed.accelerators,
+                                           parsed.tier_names)
+        self.cpu_queues = {q for q in self.tier_queues if q.split(".")[2] == "cpu"}
+        self.notes: list[str] = []
+        self.raw: dict[str, list[dict[str, Any]]] = {}  # per run, per task (--raw)
+
+    def names(self, deployment: str) -> tuple[str, str]:
+        """(store key prefix, default queue) of one deployment."""
+        return f"{self.tag}-{deployment}", f"{self.tag}-{deployment}-q"
+
+    def check_free(self) -> None:
+        busy = {q: n for q in self.tier_queues if (n := self.client.llen(q))}
+        if busy:
+            raise SystemExit(f"error: {self.broker} is in use (tier queues hold messages: "
+                             f"{busy}); give the benchmark a database of its own")
+
+    def cleanup(self, deployment: str) -> None:
+        prefix, queue = self.names(deployment)
+        patterns = [f"{prefix}*", f"{queue}*", *(f"{q}*" for q in self.tier_queues)]
+        for binding in ("_kombu.binding", "_kombu.binding_permanent"):
+            patterns += [f"{binding}.{queue}*", *(f"{binding}.{q}" for q in self.tier_queues)]
+        for pattern in patterns:
+            keys = list(self.client.scan_iter(pattern, count=1000))
+            if keys:
+                self.client.delete(*keys)
+
+    def env(self, mode: str, deployment: str) -> dict[str, str]:
+        prefix, queue = self.names(deployment)
+        return {"AITP_BENCH_MODE": mode, "AITP_BENCH_BROKER": self.broker,
+                "AITP_BENCH_PREFIX": prefix, "AITP_BENCH_QUEUE": queue,
+                "AITP_BENCH_POLICY": self.policy or ""}
+
+    def worker(self, mode: str, deployment: str) -> BenchWorker:
+        flags = ["-Q", self.names(deployment)[1]] if mode == "fifo" else \
+            ["--aitp-tenant", "*", "--aitp-accelerator", "cpu"]
+        return BenchWorker(f"{deployment}-{os.getpid()}", SLOTS, flags,
+                           self.env(mode, deployment), app=APP)
+
+    def run(self, modes: list[str]) -> dict[str, Figures]:
+        found: dict[str, Figures] = {}
+        for mode in ("fifo", "oracle"):
+            if mode in modes:
+                found.update(self.deployment(mode, [mode]))
+        learned: list[str] = [m for m in ("cold", "aitp") if m in modes]
+        if learned:
+            found.update(self.deployment("learned", learned))
+        return found
+
+    def deployment(self, name: str, runs: list[str]) -> dict[str, Figures]:
+        """One deployment (fresh keys, one worker) and its runs, in order."""
+        mode = "fifo" if name == "fifo" else "oracle" if name == "oracle" else "aitp"
+        self.cleanup(name)
+        app = make_app(mode, self.broker, *self.names(name), policy_with(self.policy))
+        if mode != "fifo":
+            app.aitp.store.write_stage({"stage": "takeover", "split": {}}, who="benchmark")
+        out: dict[str, Figures] = {}
+        try:
+            with running([self.worker(mode, name)]):
+                if mode != "fifo":
+                    self.wait_live(app)
+                for run in runs:
+                    if run == "aitp":
+                        self.train(name)
+                    out[run] = self.measure_undisturbed(app, run)
+            if mode != "fifo":
+                app.aitp.close()
+        finally:
+            self.cleanup(name)
+        return out
+
+    def wait_live(self, app: Any, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            app.aitp.live.refresh()
+            if self.cpu_queues <= app.aitp.live.current().live_queues:
+                return
+            time.sleep(0.2)
+        raise RuntimeError("the worker did not advertise its tier queues in time")
+
+    def train(self, deployment: str) -> None:
+        env = dict(os.environ, **self.env("aitp", deployment), PYTHONPATH=str(ROOT))
+        done = subprocess.run([sys.executable, "-m", "celery", "-A", APP, "aitp", "train"],
+                              env=env, cwd=str(ROOT), capture_output=True, text=True,
+                              timeout=300, check=False)
+        time.sleep(3.0)  # producers pick a new model up on their next refresh
+        lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        self.notes.append(f"aitp train exit {done.returncode}: "
+                          + " | ".join(line.strip() for line in lines[-4:])[:400])
+
+    def measure_undisturbed(self, app: Any, run: str) -> Figures:
+        """Measure; again (up to ``attempts`` in all) while the machine disturbed the run."""
+        for attempt in range(1, self.attempts + 1):
+            found = self.measure(app, run, attempt)
+            if found.overrun_ms <= DISTURBED_MS:
+                return found
+            self.notes.append(f"{run}: attempt {attempt} disturbed (the tasks' sleeps overran "
+                              f"by {found.overrun_ms:.0f} ms on average)"
+                              + ("; repeated" if attempt < self.attempts else "; kept"))
+            print(self.notes[-1], flush=True)
+        return found  # the last attempt's, disturbed (noted)
+
+    def measure(self, app: Any, run: str, attempt: int = 1) -> Figures:
+        id_prefix = f"{self.tag}-{run}{attempt}-"
+        task = app.tasks[TASK]
+        published = [math.nan] * len(self.items)
+        t0 = time.time() + 0.2
+        for item in self.items:
+            delay = t0 + item.at - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            published[item.index] = time.time()
+            task.apply_async((item.units,), task_id=f"{id_prefix}{item.index:06d}",
+                             headers={"aitp_tenant": item.tenant,
+                                      RUNTIME_HEADER: item.runtime_s})
+        key = results_key(app.conf.task_default_queue)
+        self.wait_done(key, id_prefix)
+        n = len(self.items)
+        started, finished = [math.nan] * n, [math.nan] * n
+        tiers: list[str | None] = [None] * n
+        for raw in self.client.lrange(key, 0, -1):
+            rec = json.loads(raw)
+            task_id = str(rec["id"])
+            if task_id.startswith(id_prefix):
+                i = int(task_id[len(id_prefix):])
+                started[i], finished[i], tiers[i] = rec["started"], rec["finished"], rec["tier"]
+        self.raw[run] = [{"tenant": i.tenant, "units": i.units, "runtime_s": i.runtime_s,
+                          "published": published[i.index], "started": started[i.index],
+                          "finished": finished[i.index], "tier": tiers[i.index]}
+                         for i in self.items]
+        return figures(run, self.items, published, started, finished, tiers)
+
+    def wait_done(self, key: str, id_prefix: str) -> None:
+        last, last_change = -1, time.monotonic()
+        while True:
+            done = sum(1 for raw in self.client.lrange(key, 0, -1)
+                       if json.loads(raw)["id"].startswith(id_prefix))
+            if done >= len(self.items):
+                return
+            if done != last:
+                last, last_change = done, time.monotonic()
+            elif time.monotonic() - last_change > DRAIN_STALL_S:
+                return
+            time.sleep(0.5)
+
+
+# --- output ----------------------------------------------------------------------------
+
+
+def table(results: dict[str, dict[str, Figures]]) -> str:
+    """The figures of every workload and run, with the ratios to FIFO (Markdown)."""
+    lines = ["| workload | run | tasks | mean slowdown | x FIFO | short p95 wait s | x FIFO "
+             "| long max wait s | x FIFO | overrun ms | tiers |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for workload, runs in results.items():
+        fifo = runs.get("fifo")
+        for f in runs.values():
+            tiers = ", ".join(f"{k} {v}" for k, v in sorted(f.tiers.items()))
+            lost = f" ({f.lost} lost)" if f.lost else ""
+            lines.append(
+                f"| {workload} | {f.run} | {f.tasks}{lost} | {f.mean_slowdown:.2f} | "
+                f"{_ratio(f, fifo, 'mean_slowdown')} | {f.short_p95_wait_s:.3f} | "
+                f"{_ratio(f, fifo, 'short_p95_wait_s')} | {f.long_max_wait_s:.2f} | "
+                f"{_ratio(f, fifo, 'long_max_wait_s')} | {f.overrun_ms:.1f} | {tiers} |")
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(f: Figures, fifo: Figures | None, name: str) -> str:
+    base = getattr(fifo, name) if fifo is not None else 0.0
+    return f"{getattr(f, name) / base:.2f}" if base else ""
+
+
+def targets_table(found: dict[str, list[Target]]) -> str:
+    lines = ["| workload | target | ratio | limit | |", "|---|---|---:|---:|---|"]
+    for workload, targets in found.items():
+        lines += [f"| {workload} | {t.name} | {t.value:.2f} | {t.limit:g} | "
+                  f"{'met' if t.met else 'MISSED'} |" for t in targets]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--broker", default=os.environ.get("AITP_BENCH_REDIS_URL",
+                                                           "redis://127.0.0.1:6379/14"),
+                        help="Redis database the benchmark may use (broker and store)")
+    parser.add_argument("--quick", action="store_true", help="short runs (for iteration)")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="seconds of arrivals per run (default 60; 20 with --quick)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--runs", default=",".join(RUNS))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--policy", default=None,
+                        help="JSON object replacing top-level fields of the workload's policy "
+                             "(e.g. to compare a setting); default: celery_aitp's defaults")
+    parser.add_argument("--attempts", type=int, default=2,
+                        help="measure a run the machine disturbed again, up to this many times")
+    parser.add_argument("--raw", type=Path, default=None,
+                        help="also write every task's timings here (JSON lines)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+    if not args.broker.startswith("redis"):
+        raise SystemExit("error: --broker must be a redis:// URL (the tasks' timings and the "
+                         "store live in Redis)")
+    duration = args.duration or (20.0 if args.quick else 60.0)
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    modes = [m.strip() for m in args.runs.split(",") if m.strip()]
+    began = time.monotonic()
+    load_before = os.getloadavg()[0]
+    results: dict[str, dict[str, Figures]] = {}
+    found: dict[str, list[Target]] = {}
+    notes: dict[str, list[str]] = {}
+    ideal: dict[str, list[Target]] = {}
+    meta: dict[str, Any] = {}
+    for name in workloads:
+        items = WORKLOADS[name].schedule(duration, args.seed + list(WORKLOADS).index(name))
+        bench = Bench(args.broker, name, items, args.policy, max(1, args.attempts))
+        bench.check_free()
+        # the window the arrivals were scaled to (the last arrival may come before its end)
+        span = sum(i.runtime_s for i in items) / (SLOTS * LOAD) if items else duration
+        print(f"{name}: {len(items)} tasks over {span:.0f}s, offered load "
+              f"{offered_load(items, span):.0%} of {SLOTS} processes", flush=True)
+        results[name] = bench.run(modes)
+        found[name] = targets_of(results[name])
+        ideal[name] = ideal_targets(items)
+        notes[name] = bench.notes
+        if args.raw is not None:
+            with args.raw.open("a") as raw:
+                for run, rows in bench.raw.items():
+                    raw.writelines(json.dumps({"workload": name, "run": run, **row}) + "\n"
+                                   for row in rows)
+        meta[name] = {"tasks": len(items), "span_s": span,
+                      "offered_load": offered_load(items, span)}
+        print(table({name: results[name]}) + targets_table({name: found[name]})
+              + targets_table({name: ideal[name]}), flush=True)
+    elapsed = time.monotonic() - began
+    md = (table(results) + "\n" + targets_table(found)
+          + "\nThe same ratios for an ideal non-preemptive worker (simulated: exact runtimes, "
+          "no overhead, shortest job first against first come first served, same arrivals):"
+          "\n\n" + targets_table(ideal))
+    print(md)
+    for name, lines in notes.items():
+        for line in lines:
+            print(f"{name}: {line}")
+    print(f"done in {elapsed:.0f}s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "placement-quick" if args.quick else "placement"
+    (args.out / f"{stem}.md").write_text(md)
+    doc = {
+        "command": "python benchmarks/placement.py " + " ".join(sys.argv[1:] if argv is None
+                                                                  else argv),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_1m_before_after": (load_before, os.getloadavg()[0])},
+        "config": {"duration_s": duration, "load": LOAD, "processes": SLOTS,
+                   "seed": args.seed, "slowdown_bound_s": SLOWDOWN_BOUND_S,
+                   "short_share": SHORT_SHARE},
+        "workloads": {name: {**meta[name], "notes": notes[name],
+                             "runs": {r: f.__dict__ for r, f in results[name].items()},
+                             "targets": [{**t.__dict__, "met": t.met} for t in found[name]],
+                             "ideal": [{**t.__dict__, "met": t.met} for t in ideal[name]]}
+                      for name in results},
+        "elapsed_s": elapsed,
+    }
+    (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return 0 if all(t.met for ts in found.values() for t in ts) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""The placement benchmark's Celery app: one undeclared task ``bench.job(d)``.
+
+``fifo``: plain Celery, no middleware, one queue. ``aitp``: celery_aitp installed with the
+placement workload's policy (two tenants, defaults otherwise); whether a model is in use
+depends on what was promoted in the run's store. ``oracle``: the same, and the producer's
+``predict`` stage reads the true runtime from the ``bench_runtime_s`` header. The task
+sleeps for that header's runtime and appends its start and end times to a Redis list.
+Plain Celery's worker settings are left as they are (the AITP worker sets what tier
+order needs itself); results are ignored.
+
+Workers import this module and read their mode from the environment
+(``AITP_BENCH_MODE``, ``AITP_BENCH_BROKER``, ``AITP_BENCH_PREFIX``, ``AITP_BENCH_QUEUE``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+from benchmarks.placement_workloads import POLICY, TASK
+from celery_aitp.core.request import read_header
+
+MODES = ("fifo", "aitp", "oracle")
+RUNTIME_HEADER = "bench_runtime_s"
+
+
+def results_key(queue: str) -> str:
+    """Redis list where each finished task appends its timing record."""
+    return f"{queue}:runs"
+
+
+def policy_with(extra: str | None) -> dict[str, Any]:
+    """The workload's policy with top-level fields replaced from a JSON object (the
+    benchmark's ``--policy``, passed to workers as ``AITP_BENCH_POLICY``)."""
+    found = dict(POLICY)
+    if extra:
+        found.update(json.loads(extra))
+    return found
+
+
+def make_app(mode: str, broker: str, prefix: str, queue: str,
+             policy: dict[str, Any] | None = None) -> Celery:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    app = Celery(f"placement_{mode}", broker=broker)
+    app.conf.update(task_default_queue=queue, task_ignore_result=True,
+                    broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)
+    if mode != "fifo":
+        import celery_aitp
+
+        celery_aitp.install(app, policy=policy or POLICY, key_prefix=prefix, store_url=broker)
+        if mode == "oracle":
+            from celery_aitp.replay.routers import OraclePredictStage
+
+            app.aitp.use_stage("predict", OraclePredictStage(header=RUNTIME_HEADER))
+    sink = redis.Redis.from_url(broker)
+    key = results_key(queue)
+
+    @app.task(name=TASK, bind=True, shared=False)
+    def job(self: Any, d: int) -> None:
+        """Runs for about ``d`` milliseconds (exactly: the header's runtime)."""
+        started = time.time()
+        headers = getattr(self.request, "headers", None) or {}
+        runtime = getattr(self.request, RUNTIME_HEADER, None)
+        if not isinstance(runtime, (int, float)):
+            runtime = headers.get(RUNTIME_HEADER, d / 1000)
+        time.sleep(max(0.0, float(runtime)))
+        finished = time.time()
+        aitp = read_header(getattr(self.request, "aitp", None)) or {}
+        sink.rpush(key, json.dumps({
+            "id": self.request.id, "started": started, "finished": finished,
+            "tier": aitp.get("tier") if isinstance(aitp, dict) else None,
+        }))
+
+    return app
+
+
+app = make_app(
+    os.environ.get("AITP_BENCH_MODE", "aitp"),
+    os.environ.get("AITP_BENCH_BROKER", "redis://127.0.0.1:6379/14"),
+    os.environ.get("AITP_BENCH_PREFIX", "aitp-placement"),
+    os.environ.get("AITP_BENCH_QUEUE", "aitp-placement"),
+    policy_with(os.environ.get("AITP_BENCH_POLICY")),
+)
