@@ -22,7 +22,7 @@ main.add_command(predict_command)
 
 #: Sub-command modules; each defines ``command`` (or ``offline_command`` when its
 #: ``command`` is the app-bound ``celery aitp`` variant).
-COMMANDS = ("celery_aitp.demo.command", "celery_aitp.cli.replay")
+COMMANDS = ("celery_aitp.demo.command", "celery_aitp.cli.replay", "celery_aitp.cli.import_swf")
 
 for _module in COMMANDS:
     _loaded = importlib.import_module(_module)
