@@ -35,6 +35,11 @@ from celery_aitp.store.redis_store import RedisStore, translated_errors
 SIZES_SOURCE = "sizes"
 #: Placements kept for the next batch while the store is unreachable (oldest dropped).
 PENDING_LIMIT = 100_000
+#: The histogram's half-life grows up to this when tasks arrive too rarely for
+#: ``placement.window_s`` to hold enough of them (batch jobs minutes apart).
+MAX_HALF_LIFE_S = 7 * 86_400.0
+#: The sparsest class's histogram should hold this many times ``min_samples``.
+HOLD_FACTOR = 4.0
 
 
 def sizes_key(store: RedisStore) -> str:
@@ -86,6 +91,26 @@ def classes_for(hists: Mapping[str, Histogram], previous: SizeClasses, tiers: in
     return previous if found == previous else found
 
 
+def next_half_life(current: float, hists: Mapping[str, Histogram],
+                   settings: PlacementSettings) -> float:
+    """The histogram's half-life for the next round: ``placement.window_s`` while every
+    class with sizes holds enough of them; doubled (up to :data:`MAX_HALF_LIFE_S`) while
+    the sparsest holds fewer than ``HOLD_FACTOR * min_samples``, halved back (never below
+    ``window_s``) once it holds four times that. Without this, tasks that arrive less
+    often than about ``min_samples`` per ``window_s`` never draw a boundary and all take
+    the lowest tier. The cost: with one sparse class, the busy ones follow their mix
+    more slowly too (one hash, one half-life)."""
+    totals = [h.total for h in hists.values() if h.total > 0]
+    if not totals:
+        return current
+    fewest, target = min(totals), HOLD_FACTOR * settings.min_samples
+    if fewest < target:
+        return min(current * 2, max(MAX_HALF_LIFE_S, settings.window_s))
+    if fewest > 4 * target:
+        return max(current / 2, settings.window_s)
+    return current
+
+
 class SizeSource:
     """Ships this process's placements and reads everyone's, every ``refresh_s``."""
 
@@ -100,6 +125,7 @@ class SizeSource:
         self.pending: deque[tuple[str, float]] = deque(maxlen=PENDING_LIMIT)
         self._carry: dict[str, float] = {}
         self._last = float("-inf")
+        self.half_life_s = settings.window_s
 
     def drain(self) -> dict[str, float]:
         """What was placed since the last round, as hash increments."""
@@ -124,12 +150,13 @@ class SizeSource:
                 pipe = store.client.pipeline(transaction=False)
                 if amounts:
                     DecayedSums(store).add(pipe, sizes_key(store), amounts, now,
-                                           self.settings.window_s)
+                                           self.half_life_s)
                 pipe.hgetall(sizes_key(store))
                 raw = pipe.execute()[-1]
         except Exception:
             self._carry = amounts  # sent with the next round (a sum: bounded in size)
             raise
         hists = histograms(decayed_values(decode_hash(raw), now)[0])
+        self.half_life_s = next_half_life(self.half_life_s, hists, self.settings)
         return classes_for(hists, previous if isinstance(previous, SizeClasses)
                            else SizeClasses(), self.tiers, self.settings)

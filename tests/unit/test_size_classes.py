@@ -16,7 +16,14 @@ from celery_aitp.scheduling.size_classes import (
     size_bin,
     slowdown_cost,
 )
-from celery_aitp.scheduling.size_source import SizeSource, classes_for, read_sizes, sizes_key
+from celery_aitp.scheduling.size_source import (
+    MAX_HALF_LIFE_S,
+    SizeSource,
+    classes_for,
+    next_half_life,
+    read_sizes,
+    sizes_key,
+)
 
 
 def histogram(sizes: list[float]) -> Histogram:
@@ -111,3 +118,40 @@ def test_junk_in_the_shared_hash_is_ignored(store):
     found = read_sizes(store, now=1000.0)
     assert list(found) == ["cpu"] and found["cpu"].total == 5.0
     assert found["cpu"].work[3] == 0.01 and sum(found["cpu"].inverse) == 0
+
+
+def _one_by_one(store, source: SizeSource, sizes: list[float], every_s: float,
+                start: float = 1000.0) -> list[SizeClasses]:
+    """``sizes`` placed one per ``every_s`` seconds, a refresh after each."""
+    now, found, seen = start, SizeClasses(), []
+    for size in sizes:
+        source.clock = lambda t=now: t
+        source.pending.append(("cpu", size))
+        found = source.fetch(store, found)
+        seen.append(found)
+        now += every_s
+    return seen
+
+
+def test_rare_tasks_still_draw_boundaries(store):
+    # batch jobs: one every 10 minutes, against a 120 s half-life and min_samples 20; a
+    # fixed half-life would keep the decayed count below one and every task in lo
+    settings = PlacementSettings(refresh_s=0.001)
+    source = SizeSource(settings, 3)
+    seen = _one_by_one(store, source, bimodal(200, seed=4), every_s=600.0)
+    assert "cpu" in seen[-1].cuts
+    assert source.half_life_s > settings.window_s
+    short, long = 0.03, 1.0
+    assert seen[-1].rank("cpu", short, 2) < seen[-1].rank("cpu", long, 2)
+
+
+def test_a_busy_fleet_keeps_the_configured_half_life():
+    settings = PlacementSettings()
+    busy = {"cpu": histogram(bimodal(2000)), "gpu": histogram(bimodal(400))}
+    assert next_half_life(settings.window_s, busy, settings) == settings.window_s
+    # grown while sparse, it comes back down (never below window_s) once busy again
+    assert next_half_life(960.0, busy, settings) == 480.0
+    sparse = {"cpu": histogram(bimodal(2000)), "gpu": histogram(bimodal(5))}
+    assert next_half_life(120.0, sparse, settings) == 240.0
+    assert next_half_life(MAX_HALF_LIFE_S, sparse, settings) == MAX_HALF_LIFE_S
+    assert next_half_life(120.0, {}, settings) == 120.0
