@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
 from celery_aitp.cli.output import console, fail, table
+from celery_aitp.cli.training import print_result
 from celery_aitp.errors import AitpError
 from celery_aitp.extras import require
 from celery_aitp.replay.metrics import RunStats, Target
@@ -29,17 +31,25 @@ from celery_aitp.replay.runner import (
     ReplayResult,
     estimate_overhead,
     infer_slots,
+    offered_load,
     parse_slots,
+    slots_for_load,
 )
 from celery_aitp.replay.trace import Trace, from_records, load_jsonl
+
+#: With more tenants than this, their rows are left to the HTML report.
+MAX_TENANT_ROWS = 12
 
 
 def print_stats(stats: Sequence[RunStats], found: Sequence[Target]) -> None:
     """The table shared by the replay and the scheduling benchmark."""
     console.width = max(console.width, 110)
     rows = []
+    tenants = {g.name for st in stats for g in st.groups if g.kind == "tenant"}
     for st in stats:
         for g in st.groups:
+            if g.kind == "tenant" and len(tenants) > MAX_TENANT_ROWS:
+                continue
             hit = "" if g.sla_hit is None else f"{100 * g.sla_hit:.1f}%"
             rows.append((st.run, "all" if g.kind == "all" else f"{g.kind} {g.name}", g.tasks,
                          g.wait_p50_s, g.wait_p95_s, g.wait_max_s, g.mean_slowdown, hit))
@@ -48,6 +58,8 @@ def print_stats(stats: Sequence[RunStats], found: Sequence[Target]) -> None:
            "SLA hit"], rows)
     table("per run", ["run", "Jain's index (tenant slowdowns)", "tasks lost"],
           [(st.run, st.jain, st.lost) for st in stats])
+    if len(tenants) > MAX_TENANT_ROWS:
+        console.print(f"{len(tenants)} tenants: their rows are in the HTML report")
     for t in found:
         verdict = "[green]met[/green]" if t.met else "[red]not met[/red]"
         console.print(f"{t.name}: {t.value:.3f} (target <= {t.limit:g}) {verdict}")
@@ -66,10 +78,13 @@ def series_of(result: ReplayResult, count_from: float | None = None) -> list[Run
 def report_meta(result: ReplayResult, source: str, config: ReplayConfig) -> list[str]:
     trace = result.trace
     slots = ", ".join(f"{a}={n}" for a, n in result.slots.items())
+    load = ", ".join(f"{a} {100 * v:.1f}%" for a, v in offered_load(trace, result.slots).items())
     meta = [f"trace: {source}: {len(trace)} runs over {trace.span_s:.0f}s; "
             f"{trace.skipped_summary()}",
-            f"simulated workers (slots per accelerator class): {slots}; consumption "
-            f"'{config.strategy}'; overhead per run {_overhead_text(config)}",
+            f"simulated workers (slots per accelerator class): {slots} (offered load {load}); "
+            f"consumption '{config.strategy}'; overhead per run {_overhead_text(config)}",
+            f"bounded slowdown: runtimes below {config.tau_s:g}s count as {config.tau_s:g}s; "
+            "short tasks: the fastest 80% by true runtime, long: the slowest 20%",
             "tiers: every run is grouped by the tier the first policy gives each task"]
     if config.count_from is not None:
         skipped = sum(1 for p in trace.published if p < config.count_from)
@@ -112,6 +127,18 @@ def replay_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--workers", default=None,
                      help="Slots per accelerator class, e.g. cpu=4,gpu=1 (default: as "
                           "recorded: the most runs that overlapped per class)."),
+        click.option("--load", "load", default=None, type=float,
+                     help="Size the slots from the trace instead: each class's work over "
+                          "the trace's span at this load (e.g. 0.85)."),
+        click.option("--slowdown-bound-s", "tau_s", default=0.1, show_default=True,
+                     type=click.FloatRange(min=0.001),
+                     help="Bounded slowdown: runtimes below this count as this (batch "
+                          "traces: 10)."),
+        click.option("--refresh-s", "refresh_s", default=1.0, show_default=True,
+                     type=click.FloatRange(min=0.001),
+                     help="Simulated seconds between two refreshes of the pipeline's shared "
+                          "state (as the live view's interval; larger is faster on traces "
+                          "whose tasks run for minutes or hours)."),
         click.option("--consumption", default="policy", show_default=True,
                      help="Workers' queue order: 'policy' (as the policy's tier_order makes "
                           "workers read), or a kombu strategy name or module:Class."),
@@ -130,15 +157,35 @@ def replay_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def config_for(trace: Trace, workers: str | None, consumption: str, overhead_ms: str,
+@dataclass(frozen=True)
+class Sizing:
+    """How the simulated fleet and the figures are sized (the options both commands share)."""
+
+    workers: str | None = None
+    load: float | None = None
+    tau_s: float = 0.1
+    refresh_s: float = 1.0
+
+
+def _slots(trace: Trace, sizing: Sizing, default_accelerator: str) -> dict[str, int]:
+    if sizing.workers and sizing.load is not None:
+        fail("--workers and --load: give one of them")
+    try:
+        if sizing.load is not None:
+            return slots_for_load(trace, sizing.load, default_accelerator)
+        if sizing.workers:
+            return parse_slots(sizing.workers)
+        return infer_slots(trace, default_accelerator)
+    except ValueError as exc:
+        fail(str(exc))
+
+
+def config_for(trace: Trace, sizing: Sizing, consumption: str, overhead_ms: str,
                declarations: Declarations, default_queue: str = "celery",
                default_accelerator: str = "cpu", count_from_s: float = 0.0) -> ReplayConfig:
     from kombu.utils.scheduling import cycle_by_name
 
-    try:
-        slots = parse_slots(workers) if workers else infer_slots(trace, default_accelerator)
-    except ValueError as exc:
-        fail(str(exc))
+    slots = _slots(trace, sizing, default_accelerator)
     try:
         if consumption != "policy":
             cycle_by_name(consumption)
@@ -150,7 +197,8 @@ def config_for(trace: Trace, workers: str | None, consumption: str, overhead_ms:
         fail(f"--count-from-s: must be >= 0 and within the trace ({trace.span_s:.0f}s)")
     return ReplayConfig(slots=slots, default_queue=default_queue, overhead_s=overhead_s,
                         class_overhead_s=per_class, strategy=consumption,
-                        declarations=declarations,
+                        declarations=declarations, tau_s=sizing.tau_s,
+                        refresh_interval_s=sizing.refresh_s, size_targets=True,
                         count_from=trace.published[0] + count_from_s if count_from_s else None)
 
 
@@ -185,8 +233,8 @@ def _load(path: str) -> Trace:
 @replay_options
 @click.pass_context
 def command(ctx: click.Context, trace: str | None, policy: str | None, versus: tuple[str, ...],
-            workers: str | None, consumption: str, overhead_ms: str, count_from_s: float,
-            report: Path) -> None:
+            workers: str | None, load: float | None, tau_s: float, refresh_s: float,
+            consumption: str, overhead_ms: str, count_from_s: float, report: Path) -> None:
     """Replay TRACE (a JSON-lines file; default: the store's observations) under a policy."""
     from celery_aitp.cli.celery_command import middleware_of
     from celery_aitp.replay.app import (
@@ -209,7 +257,8 @@ def command(ctx: click.Context, trace: str | None, policy: str | None, versus: t
         fail(str(exc))
     if not len(loaded):
         fail(f"{source}: no replayable records ({loaded.skipped_summary()})")
-    config = config_for(loaded, workers, consumption, overhead_ms, app_declarations(mw),
+    config = config_for(loaded, Sizing(workers, load, tau_s, refresh_s), consumption,
+                        overhead_ms, app_declarations(mw),
                         str(mw.app.conf.task_default_queue), mw.policy.default_accelerator,
                         count_from_s)
     model = app_model(mw)
@@ -221,42 +270,105 @@ def command(ctx: click.Context, trace: str | None, policy: str | None, versus: t
 
 @click.command("replay")
 @click.argument("trace", type=click.Path(dir_okay=False))
-@click.option("--policy", "policy", required=True, type=click.Path(dir_okay=False),
-              help="Policy file to try.")
+@click.option("--policy", "policy", default=None, type=click.Path(dir_okay=False),
+              help="Policy file to try (default: the product's default policy).")
 @click.option("--model", "model_dir", default=None, type=click.Path(file_okay=False),
               help="Runtime model directory (from `celery-aitp train --out`); default: none, "
                    "predictions start cold from the replayed runs' history.")
+@click.option("--train-share", "train_share", default=None,
+              type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help="Train a runtime model on this first share of the runs (by publish "
+                   "time) and count only the rest; a cold-start run (no model, history "
+                   "only) is replayed beside it.")
+@click.option("--cold-start", "cold_start", is_flag=True,
+              help="Also replay the policy with no model at all (history only) and compare "
+                   "it with FIFO.")
 @replay_options
-def offline_command(trace: str, policy: str, model_dir: str | None, versus: tuple[str, ...],
-                    workers: str | None, consumption: str, overhead_ms: str,
-                    count_from_s: float, report: Path) -> None:
+def offline_command(trace: str, policy: str | None, model_dir: str | None,
+                    train_share: float | None, cold_start: bool, versus: tuple[str, ...],
+                    workers: str | None, load: float | None, tau_s: float, refresh_s: float,
+                    consumption: str, overhead_ms: str, count_from_s: float,
+                    report: Path) -> None:
     """Replay TRACE (observation records, JSON lines) under a policy, FIFO and the oracle.
 
     Without an app the tasks' declarations are unknown: each record's accelerator and
     tier are taken as declared.
     """
-    from celery_aitp.replay.app import embedded_stores, policies_from_files
+    from celery_aitp.replay.app import embedded_stores
 
     try:
         require("replay", "celery-aitp replay")
     except AitpError as exc:
         fail(str(exc))
+    if model_dir and train_share is not None:
+        fail("--model and --train-share: give one of them")
     loaded = _load(trace)
-    try:
-        tests = policies_from_files([policy, *versus])
-    except AitpError as exc:
-        fail(str(exc))
-    config = config_for(loaded, workers, consumption, overhead_ms, recorded_declarations,
+    tests = _offline_policies(policy, versus)
+    model = _read_model(model_dir) if model_dir else None
+    if train_share is not None:
+        model, count_from_s = _train_on_first(loaded, train_share)
+        cold_start = True
+    config = config_for(loaded, Sizing(workers, load, tau_s, refresh_s), consumption,
+                        overhead_ms, recorded_declarations,
                         default_accelerator=tests[0].policy.default_accelerator,
                         count_from_s=count_from_s)
-    model = None
-    if model_dir:
-        from celery_aitp.predict.bundle import ModelBundle
-
-        try:
-            model = ModelBundle.read(model_dir)
-        except AitpError as exc:
-            fail(f"--model: {exc}")
-    with embedded_stores(model=model) as stores:
+    with embedded_stores(model=model) as stores, \
+            embedded_stores("aitp-replay-cold") as cold_stores:
         config.store_factory = stores
+        if cold_start:
+            first = tests[0]
+            tests.append(PolicyUnderTest(_unique("cold", tests), first.policy, first.build,
+                                         stores=cold_stores, kind="cold"))
         execute(loaded, trace, tests, config, report)
+
+
+def _offline_policies(policy: str | None, versus: Sequence[str]) -> list[PolicyUnderTest]:
+    from celery_aitp.policy import parse_policy
+    from celery_aitp.replay.app import pipeline_factory, policies_from_files
+
+    try:
+        tests = policies_from_files([p for p in (policy, *versus) if p])
+    except AitpError as exc:
+        fail(str(exc))
+    if policy is None:
+        default = parse_policy({})
+        tests.insert(0, PolicyUnderTest(_unique("aitp", tests), default,
+                                        pipeline_factory(default)))
+    return tests
+
+
+def _unique(name: str, tests: Sequence[PolicyUnderTest]) -> str:
+    taken = {t.name for t in tests}
+    while name in taken:
+        name += "'"
+    return name
+
+
+def _read_model(model_dir: str) -> Any:
+    from celery_aitp.predict.bundle import ModelBundle
+
+    try:
+        return ModelBundle.read(model_dir)
+    except AitpError as exc:
+        fail(f"--model: {exc}")
+
+
+def _train_on_first(trace: Trace, share: float) -> tuple[Any, float]:
+    """(model trained on the first ``share`` of the runs, seconds from the trace's start
+    to the first run that counts)."""
+    from celery_aitp.learn.train import train
+
+    cut = int(len(trace) * share)
+    if cut < 1 or cut >= len(trace):
+        fail(f"--train-share: {share:g} of {len(trace)} runs leaves nothing to train on "
+             "or to count")
+    try:
+        require("train", "celery-aitp replay --train-share")
+        result = train(trace.records[:cut])
+    except AitpError as exc:
+        fail(str(exc))
+    console.print(f"runtime model: trained on the first {cut} runs")
+    print_result(result)
+    if result.bundle is None:
+        fail(f"--train-share: no model ({result.reason})")
+    return result.bundle, trace.published[cut] - trace.published[0]

@@ -44,9 +44,10 @@ MIX = [
 
 
 @contextmanager
-def worker(name: str, args: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+def worker(name: str, args: list[str], env: dict[str, str],
+           app: str = "celery_aitp.demo.app") -> Iterator[subprocess.Popen[bytes]]:
     """A Celery worker process of the demo app, stopped (by its pid) on exit."""
-    cmd = [sys.executable, "-m", "celery", "-A", "celery_aitp.demo.app", "worker",
+    cmd = [sys.executable, "-m", "celery", "-A", app, "worker",
            "-n", f"{name}@demo", "--pool", "threads", "--loglevel", "WARNING",
            "--without-gossip", "--without-mingle", *args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -152,7 +153,13 @@ def summarise(records: list[dict[str, Any]]) -> None:
 @click.option("--dashboard", "dashboard_port", type=int, default=None, metavar="PORT",
               help="Also serve the dashboard on 127.0.0.1:PORT (0: any free port) and keep "
                    "publishing after the summary until Ctrl-C.")
-def command(tasks: int, broker: str | None, seed: int, dashboard_port: int | None) -> None:
+@click.option("--compare", is_flag=True,
+              help="Run one workload of undeclared short and long tasks under plain Celery, "
+                   "then under celery_aitp, and print the difference side by side.")
+@click.option("--seconds", default=15.0, show_default=True,
+              help="With --compare: how long each run publishes.")
+def command(tasks: int, broker: str | None, seed: int, dashboard_port: int | None,
+            compare: bool, seconds: float) -> None:
     """Run the demo on an embedded broker and print where tasks went."""
     started = time.monotonic()
     with ExitStack() as stack:
@@ -160,6 +167,14 @@ def command(tasks: int, broker: str | None, seed: int, dashboard_port: int | Non
             url = broker or stack.enter_context(EmbeddedRedis()).url
         except MissingExtra as exc:
             raise click.ClickException(str(exc)) from None
+        if compare:
+            from celery_aitp.demo.versus import compare as run_compare
+
+            console.print(f"broker: {'embedded Redis' if broker is None else redact(url)}")
+            run_compare(lambda app, args, env: worker(app.rsplit(":", 1)[-1], args, env, app),
+                        url, seconds, seed)
+            console.print(f"done in {time.monotonic() - started:.1f}s")
+            return
         env = dict(os.environ, AITP_DEMO_BROKER=url, AITP_DEMO_PREFIX=f"aitp-demo-{os.getpid()}")
         os.environ.update(AITP_DEMO_BROKER=url, AITP_DEMO_PREFIX=env["AITP_DEMO_PREFIX"])
         from celery_aitp.demo import app as demo

@@ -4,8 +4,11 @@ One definition for the replay simulator and the scheduling benchmark, so their t
 mean the same thing:
 
 - wait: start minus publish, seconds; p50/p95 are linear-interpolated percentiles.
-- slowdown: bounded slowdown ``(wait + runtime) / max(runtime, TAU_S)``, floored at 1
-  (Feitelson's bounded slowdown: a 5 ms task that waits 1 s counts 11, not 201).
+- slowdown: bounded slowdown ``(wait + runtime) / max(runtime, tau)``, floored at 1
+  (Feitelson's bounded slowdown: with ``tau`` 0.1 s, a 5 ms task that waits 1 s counts
+  11, not 201; batch traces use a larger ``tau``, e.g. 10 s).
+- short and long: the fastest 80% of the tasks by true runtime, and the slowest 20%
+  (:data:`SHORT_SHARE`), so the groups do not depend on any policy's decisions.
 - SLA hit: share of tasks whose wait is within their tier's ``sla_s``.
 - Jain's index over tenants' mean slowdowns: ``(sum x)^2 / (n * sum x^2)``; 1 means every
   tenant is slowed down alike (FIFO spreads delay evenly by construction; tiers
@@ -28,6 +31,8 @@ if TYPE_CHECKING:
 
 #: Runtime floor of the bounded slowdown, seconds.
 TAU_S = 0.1
+#: Share of the tasks, fastest first by true runtime, that count as short.
+SHORT_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -66,10 +71,21 @@ class RunStats:
         return found
 
 
-def bounded_slowdown(wait: np.ndarray, runtime: np.ndarray) -> np.ndarray:
+def bounded_slowdown(wait: np.ndarray, runtime: np.ndarray, tau_s: float = TAU_S
+                     ) -> np.ndarray:
     import numpy as np
 
-    return np.maximum(1.0, (wait + runtime) / np.maximum(runtime, TAU_S))
+    return np.maximum(1.0, (wait + runtime) / np.maximum(runtime, tau_s))
+
+
+def short_mask(runtime: Sequence[float], share: float = SHORT_SHARE) -> list[bool]:
+    """Which tasks are short: the fastest ``share`` by true runtime (ties by position,
+    so exactly ``round(share * n)`` are short)."""
+    order = sorted(range(len(runtime)), key=lambda i: (runtime[i], i))
+    short = [False] * len(runtime)
+    for i in order[: round(share * len(runtime))]:
+        short[i] = True
+    return short
 
 
 def _group(kind: str, name: str, wait: np.ndarray, slow: np.ndarray,
@@ -85,8 +101,10 @@ def _group(kind: str, name: str, wait: np.ndarray, slow: np.ndarray,
 
 def run_stats(run: str, wait: Sequence[float], runtime: Sequence[float],
               tiers: Sequence[str], tenants: Sequence[str], sla_by_tier: Mapping[str, float],
-              tier_order: Sequence[str] = (), lost: int = 0) -> RunStats:
-    """Figures per tier (in ``tier_order`` first), per tenant and overall."""
+              tier_order: Sequence[str] = (), lost: int = 0, tau_s: float = TAU_S,
+              short: Sequence[bool] | None = None) -> RunStats:
+    """Figures per tier (in ``tier_order`` first), per tenant, short and long (when
+    ``short`` marks them) and overall."""
     import numpy as np
 
     w = np.asarray(wait, dtype=float)
@@ -94,7 +112,7 @@ def run_stats(run: str, wait: Sequence[float], runtime: Sequence[float],
     tier_arr = np.asarray(tiers, dtype=object)
     tenant_arr = np.asarray(tenants, dtype=object)
     sla = np.asarray([sla_by_tier.get(t, np.nan) for t in tiers], dtype=float)
-    slow = bounded_slowdown(w, r)
+    slow = bounded_slowdown(w, r, tau_s)
     stats = RunStats(run, lost=lost)
     if w.size == 0:
         return stats
@@ -108,6 +126,11 @@ def run_stats(run: str, wait: Sequence[float], runtime: Sequence[float],
         group = _group("tenant", name, w[mask], slow[mask], sla[mask])
         stats.groups.append(group)
         tenant_slowdowns.append(group.mean_slowdown)
+    if short is not None:
+        is_short = np.asarray(short, dtype=bool)
+        for name, mask in (("short", is_short), ("long", ~is_short)):
+            if mask.any():
+                stats.groups.append(_group("size", name, w[mask], slow[mask], sla[mask]))
     stats.groups.append(_group("all", "all", w, slow, sla))
     stats.jain = jain_index(tenant_slowdowns)  # one definition: celery_aitp.fairness
     return stats
@@ -157,3 +180,29 @@ def targets(fifo: RunStats, policy: RunStats, oracle: RunStats,
                           _ratio(_tier(policy, low).wait_max_s, _tier(fifo, low).wait_max_s),
                           2.0))
     return out
+
+
+def size_targets(fifo: RunStats, policy: RunStats, oracle: RunStats) -> list[Target]:
+    """Issue 17's targets on groups by true runtime (short: the fastest 80%), which every
+    run shares whatever tiers it gave: mean slowdown at most 0.5x FIFO's and 1.2x the
+    oracle's, short tasks' p95 wait at most 0.3x FIFO's, long tasks' longest wait at most
+    2x FIFO's."""
+    out = [Target("mean slowdown / FIFO's",
+                  _ratio(policy.overall.mean_slowdown, fifo.overall.mean_slowdown), 0.5),
+           Target("mean slowdown / oracle's",
+                  _ratio(policy.overall.mean_slowdown, oracle.overall.mean_slowdown), 1.2)]
+    short, short_fifo = policy.group("size", "short"), fifo.group("size", "short")
+    if short is not None and short_fifo is not None:
+        out.append(Target("short tasks' p95 wait / FIFO's",
+                          _ratio(short.wait_p95_s, short_fifo.wait_p95_s), 0.3))
+    long, long_fifo = policy.group("size", "long"), fifo.group("size", "long")
+    if long is not None and long_fifo is not None:
+        out.append(Target("long tasks' longest wait / FIFO's",
+                          _ratio(long.wait_max_s, long_fifo.wait_max_s), 2.0))
+    return out
+
+
+def cold_start_target(fifo: RunStats, cold: RunStats) -> Target:
+    """Cold start (no model, history only) must not be worse than FIFO: mean slowdown."""
+    return Target("cold start mean slowdown / FIFO's",
+                  _ratio(cold.overall.mean_slowdown, fifo.overall.mean_slowdown), 1.0)

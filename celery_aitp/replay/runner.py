@@ -16,7 +16,16 @@ from celery_aitp.predict.history import HistorySink
 from celery_aitp.publish.pipeline import Pipeline
 from celery_aitp.replay.engine import Engine, Outcome, SimWorker
 from celery_aitp.replay.feed import SourceFeed, StoreFactory
-from celery_aitp.replay.metrics import RunStats, Target, run_stats, targets
+from celery_aitp.replay.metrics import (
+    TAU_S,
+    RunStats,
+    Target,
+    cold_start_target,
+    run_stats,
+    short_mask,
+    size_targets,
+    targets,
+)
 from celery_aitp.replay.routers import (
     Declarations,
     FifoRouter,
@@ -63,6 +72,11 @@ class PolicyUnderTest:
     name: str
     policy: Policy
     build: PipelineFactory
+    #: the private stores its sources read (e.g. one without a model: a cold start);
+    #: None: the config's
+    stores: StoreFactory | None = None
+    #: 'policy', or 'cold' for the cold-start run the targets compare with FIFO only
+    kind: str = "policy"
 
 
 @dataclass
@@ -100,6 +114,9 @@ class ReplayConfig:
     store_factory: StoreFactory | None = None
     refresh_interval_s: float = 1.0
     count_from: float | None = None  # publish time before which runs are simulated, not counted
+    tau_s: float = TAU_S  # runtime floor of the bounded slowdown
+    #: targets on short/long tasks by true runtime (issue 17) instead of the tiers'
+    size_targets: bool = False
 
 
 def _observation(router: PipelineRouter, i: int, started: float) -> dict[str, Any]:
@@ -182,7 +199,8 @@ class Replay:
                                         cfg.strategy)
         for worker in workers:
             worker.strategy = strategy
-        feed = SourceFeed(pipeline.sources(), cfg.store_factory, cfg.refresh_interval_s,
+        stores = test.stores or cfg.store_factory
+        feed = SourceFeed(pipeline.sources(), stores, cfg.refresh_interval_s,
                           worker_side=[WorkerRuns(test.policy, clock)],
                           listeners=[tier_cycle.follow_usage] if follows else [])
         router = PipelineRouter(self.trace, pipeline, test.policy, workers, cfg.default_queue,
@@ -194,6 +212,7 @@ class Replay:
             raise ValueError("at least one policy is needed")
         primary = tests[0].policy
         order = primary.tier_names
+        self._short = short_mask(self._counted_runtimes())
         sla = {t.name: t.sla_s for t in primary.tiers}
         raw: list[tuple[str, str, Outcome, PipelineRouter | None]] = []
         labels: list[str] = []
@@ -202,7 +221,7 @@ class Replay:
             outcome, router = self.policy_run(test)
             if k == 0:
                 labels, accelerators = router.tiers, router.accelerators
-            raw.append((test.name, "policy", outcome, router))
+            raw.append((test.name, test.kind, outcome, router))
         fifo = self._simulate(self._with_overheads(fifo_workers(self.config.slots)),
                               FifoRouter(accelerators, labels))
         raw.append(("fifo", "fifo", fifo, None))
@@ -212,20 +231,37 @@ class Replay:
                        r.reasons if r else {}, r.predictions if r else {})
                 for name, kind, out, r in raw]
         by_kind = {r.kind: r for r in reversed(runs)}
-        found = targets(by_kind["fifo"].stats, runs[0].stats, by_kind["oracle"].stats, order)
+        fifo_stats, oracle_stats = by_kind["fifo"].stats, by_kind["oracle"].stats
+        if self.config.size_targets:
+            found = size_targets(fifo_stats, runs[0].stats, oracle_stats)
+        else:
+            found = targets(fifo_stats, runs[0].stats, oracle_stats, order)
+        if "cold" in by_kind:
+            found.append(cold_start_target(fifo_stats, by_kind["cold"].stats))
         return ReplayResult(self.trace, dict(self.config.slots), runs, found, order, sla)
+
+    def _counted(self, i: int) -> bool:
+        start = self.config.count_from
+        return start is None or self.trace.published[i] >= start
+
+    def _counted_runtimes(self) -> list[float]:
+        return [r for i, r in enumerate(self.trace.runtime) if self._counted(i)]
 
     def _stats(self, name: str, out: Outcome, labels: Sequence[str], sla: Mapping[str, float],
                order: Sequence[str]) -> RunStats:
         published, runtime = self.trace.published, self.trace.runtime
         start = self.config.count_from
-        done = [i for i, s in enumerate(out.started)
-                if not math.isnan(s) and (start is None or published[i] >= start)]
+        counted = [i for i in range(len(published)) if self._counted(i)]
+        short_of = dict(zip(counted, self._short, strict=True))
+        done = [i for i in counted if not math.isnan(out.started[i])]
         tenants = [self.trace.records[i]["tenant"] or "(none)" for i in done]
         return run_stats(name, [out.started[i] - published[i] for i in done],
                          [runtime[i] for i in done], [labels[i] for i in done], tenants,
                          sla, order, lost=sum(1 for i in out.stranded
-                                             if start is None or published[i] >= start))
+                                             if start is None or published[i] >= start),
+                         tau_s=self.config.tau_s,
+                         short=[short_of[i] for i in done] if self.config.size_targets
+                         else None)
 
 
 def infer_slots(trace: Trace, default_accelerator: str = "cpu") -> dict[str, int]:
@@ -281,6 +317,34 @@ def estimate_overhead(trace: Trace, default_accelerator: str = "cpu",
             kept = gaps[: max(1, int(len(gaps) * 0.95))]
             out[accel] = sum(kept) / len(kept)
     return out
+
+
+def slots_for_load(trace: Trace, load: float, default_accelerator: str = "cpu"
+                   ) -> dict[str, int]:
+    """Slots per accelerator class that make the trace's offered load about ``load``:
+    the work of each class over the trace's span, over the load, rounded (at least 1)."""
+    if not 0 < load < 1:
+        raise ValueError(f"--load: must be between 0 and 1 (exclusive), got {load:g}")
+    span = max(trace.span_s, 1e-9)
+    return {accel: max(1, round(w / (span * load)))
+            for accel, w in sorted(_work(trace, default_accelerator).items())}
+
+
+def offered_load(trace: Trace, slots: Mapping[str, int], default_accelerator: str = "cpu"
+                 ) -> dict[str, float]:
+    """Work over capacity per accelerator class (the load the slots are offered)."""
+    span = max(trace.span_s, 1e-9)
+    work = _work(trace, default_accelerator)
+    return {a: work.get(a, 0.0) / (span * n) for a, n in slots.items()}
+
+
+def _work(trace: Trace, default_accelerator: str) -> dict[str, float]:
+    """Seconds of runtime per accelerator class."""
+    work: dict[str, float] = {}
+    for record in trace.records:
+        accel = record.get("accelerator") or default_accelerator
+        work[accel] = work.get(accel, 0.0) + record["runtime_s"]
+    return work
 
 
 def parse_slots(text: str) -> dict[str, int]:

@@ -146,3 +146,27 @@ def test_junk_in_the_shared_hash_is_ignored(store):
     found = read_sizes(store)
     assert list(found) == ["cpu"] and found["cpu"].total == 5.0
     assert found["cpu"].work[3] == 0.01 and sum(found["cpu"].inverse) == 0
+
+
+def _one_by_one(store, source: SizeSource, sizes: list[float], every_s: float,
+                start: float = 1000.0) -> list[SizeClasses]:
+    """``sizes`` placed one per ``every_s`` seconds, a refresh after each."""
+    now, found, seen = start, SizeClasses(), []
+    for size in sizes:
+        source.clock = lambda t=now: t
+        source.pending.append(("cpu", size))
+        found = source.fetch(store, found)
+        seen.append(found)
+        now += every_s
+    return seen
+
+
+def test_rare_tasks_still_draw_boundaries(store):
+    # batch jobs: one every 10 minutes, min_samples 20; a half-life of seconds would keep
+    # the decayed count below one and every task in lo
+    settings = PlacementSettings(refresh_s=0.001)
+    source = SizeSource(settings, 3)
+    seen = _one_by_one(store, source, bimodal(200, seed=4), every_s=600.0)
+    assert "cpu" in seen[-1].cuts
+    short, long = 0.03, 1.0
+    assert seen[-1].rank("cpu", short, 2) < seen[-1].rank("cpu", long, 2)

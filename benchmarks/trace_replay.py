@@ -1,0 +1,201 @@
+"""Issue 17's targets on public batch traces: the default policy vs FIFO vs the oracle.
+
+    python benchmarks/trace_replay.py TRACE.swf.gz [TRACE.swf.gz ...] [--jobs 10000]
+
+Each Standard Workload Format log is converted with ``celery-aitp import-swf`` (one job,
+one task; the user is the tenant, the requested processors and time are keyword
+arguments). ``--jobs`` consecutive jobs from the middle of the log are replayed, so the
+four traces take minutes, not hours, on a small machine. The slots are sized from that
+slice so its offered load is ``--load`` (0.85 by default; a whole number of slots gets
+as close as it can, the table says what it got), and the slowdown is bounded at 10 s.
+
+Per trace, with the default policy:
+
+- ``aitp``: a runtime model trained on the first ``--train-share`` of the slice, the rest
+  replayed and counted (the first part is simulated as a warm-up in every run);
+- ``cold``: the same, with no model at all (predictions from the replayed history only);
+- ``fifo``: one FIFO queue, as plain Celery; ``oracle``: the true runtimes as predictions.
+
+Targets (issue 17): mean bounded slowdown <= 0.5x FIFO's and <= 1.2x the oracle's; short
+tasks' (the fastest 80% by true runtime) p95 wait <= 0.3x FIFO's; long tasks' longest
+wait <= 2x FIFO's; cold start's mean slowdown <= FIFO's. Writes
+``benchmarks/results/trace-replay.json`` and ``.md`` (``--out`` for another directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from celery_aitp.cli.output import console, table  # noqa: E402
+from celery_aitp.learn.train import train  # noqa: E402
+from celery_aitp.policy import Policy, parse_policy, read_policy_file  # noqa: E402
+from celery_aitp.replay.app import embedded_stores, pipeline_factory  # noqa: E402
+from celery_aitp.replay.runner import (  # noqa: E402
+    PolicyUnderTest,
+    Replay,
+    ReplayConfig,
+    ReplayResult,
+    offered_load,
+    slots_for_load,
+)
+from celery_aitp.replay.trace import Trace, from_records, load_jsonl  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TAU_S = 10.0
+#: Simulated seconds between two refreshes of the pipeline's shared state. Jobs arrive
+#: minutes apart and run for minutes to days, so a refresh per simulated minute decides
+#: as a 1 s refresh would, at a fraction of the cost.
+REFRESH_S = 60.0
+
+
+def convert(swf: Path, out: Path) -> Trace:
+    """The log as observation records, by the product's own converter."""
+    done = subprocess.run([sys.executable, "-m", "celery_aitp", "import-swf", str(swf),
+                           "--out", str(out)], capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"import-swf {swf.name} failed:\n{done.stdout}{done.stderr}")
+    return load_jsonl(out)
+
+
+def middle_slice(trace: Trace, jobs: int) -> Trace:
+    """``jobs`` consecutive jobs from the middle of the log (all of it if shorter)."""
+    if len(trace) <= jobs:
+        return trace
+    start = (len(trace) - jobs) // 2
+    return from_records(trace.records[start:start + jobs])
+
+
+def replay_trace(name: str, trace: Trace, policy: Policy, load: float,
+                 train_share: float) -> dict[str, Any]:
+    """One trace: train on its first part, replay aitp, cold, FIFO and the oracle."""
+    cut = int(len(trace) * train_share)
+    started = time.perf_counter()
+    trained = train(trace.records[:cut])
+    if trained.bundle is None:
+        raise SystemExit(f"{name}: no model ({trained.reason})")
+    scores = {s.name: {"mae_s": s.mae, "within_2x": s.within_2x} for s in trained.scores}
+    slots = slots_for_load(trace, load, policy.default_accelerator)
+    config = ReplayConfig(slots=slots, tau_s=TAU_S, size_targets=True,
+                          refresh_interval_s=REFRESH_S, count_from=trace.published[cut])
+    build = pipeline_factory(policy)
+    with embedded_stores(model=trained.bundle) as stores, \
+            embedded_stores("aitp-replay-cold") as cold_stores:
+        config.store_factory = stores
+        result = Replay(trace, config).run([
+            PolicyUnderTest("aitp", policy, build),
+            PolicyUnderTest("cold", policy, build, stores=cold_stores, kind="cold")])
+    return summary(name, trace, result, cut, scores, time.perf_counter() - started)
+
+
+def summary(name: str, trace: Trace, result: ReplayResult, cut: int,
+            scores: dict[str, Any], seconds: float) -> dict[str, Any]:
+    runs = {}
+    for run in result.runs:
+        groups = {g.name: g for g in run.stats.groups if g.kind in ("size", "all")}
+        runs[run.name] = {
+            "mean_slowdown": groups["all"].mean_slowdown,
+            "short_wait_p95_s": groups["short"].wait_p95_s,
+            "long_wait_max_s": groups["long"].wait_max_s,
+            "wait_p50_s": groups["all"].wait_p50_s,
+            "tiers": ({} if run.kind == "fifo"
+                      else dict(sorted(_tier_counts(run.outcome, cut).items()))),
+            "predicted_by": run.predictions}
+    load = offered_load(trace, result.slots)
+    return {"trace": name, "jobs": len(trace), "trained_on": cut, "counted": len(trace) - cut,
+            "days": trace.span_s / 86400, "slots": result.slots, "offered_load": load,
+            "model_validation": scores, "runs": runs, "seconds": seconds,
+            "targets": [{"name": t.name, "value": t.value, "limit": t.limit, "met": t.met}
+                        for t in result.targets]}
+
+
+def _tier_counts(outcome: Any, cut: int) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for i in range(cut, len(outcome.started)):
+        label = outcome.label_of(i)
+        counts[label] = counts.get(label, 0) + 1
+    return counts
+
+
+def print_tables(found: list[dict[str, Any]]) -> None:
+    rows = []
+    for item in found:
+        for run, fig in item["runs"].items():
+            rows.append((item["trace"], run, f"{fig['mean_slowdown']:.1f}",
+                         f"{fig['short_wait_p95_s'] / 3600:.1f}",
+                         f"{fig['long_wait_max_s'] / 3600:.1f}",
+                         " ".join(f"{k} {v}" for k, v in fig["tiers"].items())))
+    table("per trace and run (counted jobs; waits in hours)",
+          ["trace", "run", "mean bounded slowdown", "short p95 wait h", "long max wait h",
+           "tiers given"], rows)
+    rows = []
+    for item in found:
+        for t in item["targets"]:
+            rows.append((item["trace"], t["name"], f"{t['value']:.3f}", f"<= {t['limit']:g}",
+                         "met" if t["met"] else "NOT met"))
+    table("targets", ["trace", "target", "value", "limit", "verdict"], rows)
+
+
+def markdown(found: list[dict[str, Any]], command: str) -> str:
+    names = [t["name"] for t in found[0]["targets"]]
+    lines = [f"Command: `{command}`", "",
+             "| trace | jobs counted | slots (load) | " + " | ".join(names) + " |",
+             "|---|---:|---|" + "---:|" * len(names)]
+    for item in found:
+        load = ", ".join(f"{n} ({100 * item['offered_load'][a]:.0f}%)"
+                         for a, n in item["slots"].items())
+        cells = [f"{t['value']:.2f} {'met' if t['met'] else '**not met**'}"
+                 for t in item["targets"]]
+        lines.append(f"| {item['trace']} | {item['counted']:,} | {load} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", "| trace | run | mean bounded slowdown | short p95 wait (h) | "
+              "long max wait (h) | tiers given |", "|---|---|---:|---:|---:|---|"]
+    for item in found:
+        for run, fig in item["runs"].items():
+            tiers = ", ".join(f"{k} {v}" for k, v in fig["tiers"].items())
+            lines.append(f"| {item['trace']} | {run} | {fig['mean_slowdown']:.1f} | "
+                         f"{fig['short_wait_p95_s'] / 3600:.1f} | "
+                         f"{fig['long_wait_max_s'] / 3600:.1f} | {tiers} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="+", type=Path, help="SWF logs (.swf or .swf.gz)")
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--load", type=float, default=0.85)
+    parser.add_argument("--train-share", type=float, default=0.3)
+    parser.add_argument("--policy", type=Path, default=None,
+                        help="a policy file instead of the default policy")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    policy = read_policy_file(str(args.policy)) if args.policy else parse_policy({})
+    found = []
+    with tempfile.TemporaryDirectory(prefix="aitp-trace-replay-") as tmp:
+        for swf in args.traces:
+            name = swf.name.split("-cln")[0].split(".swf")[0]
+            trace = middle_slice(convert(swf, Path(tmp) / f"{name}.jsonl"), args.jobs)
+            console.print(f"{name}: {len(trace)} jobs over {trace.span_s / 86400:.1f} days")
+            found.append(replay_trace(name, trace, policy, args.load, args.train_share))
+            console.print(f"  replayed in {found[-1]['seconds']:.0f}s")
+    print_tables(found)
+    command = ("python benchmarks/trace_replay.py " + " ".join(p.name for p in args.traces)
+               + f" --jobs {args.jobs} --load {args.load:g} --train-share {args.train_share:g}"
+               + (f" --policy {args.policy.name}" if args.policy else ""))
+    suffix = f"-{args.policy.stem}" if args.policy else ""
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"trace-replay{suffix}.json").write_text(json.dumps(found, indent=1) + "\n")
+    (args.out / f"trace-replay{suffix}.md").write_text(markdown(found, command))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
