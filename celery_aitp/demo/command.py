@@ -153,14 +153,17 @@ def summarise(records: list[dict[str, Any]]) -> None:
 @click.option("--dashboard", "dashboard_port", type=int, default=None, metavar="PORT",
               help="Also serve the dashboard on 127.0.0.1:PORT (0: any free port) and keep "
                    "publishing after the summary until Ctrl-C.")
-@click.option("--compare", is_flag=True,
-              help="Run one workload of undeclared short and long tasks under plain Celery, "
-                   "then under celery_aitp, and print the difference side by side.")
+@click.option("--tour", is_flag=True,
+              help="Instead of the comparison: one run of a mixed multi-tenant workload "
+                   "(declared tiers, a GPU class) and where each task went (implied by "
+                   "--dashboard).")
 @click.option("--seconds", default=15.0, show_default=True,
-              help="With --compare: how long each run publishes.")
+              help="How long each run of the comparison publishes.")
 def command(tasks: int, broker: str | None, seed: int, dashboard_port: int | None,
-            compare: bool, seconds: float) -> None:
-    """Run the demo on an embedded broker and print where tasks went."""
+            tour: bool, seconds: float) -> None:
+    """Run one workload of undeclared short and long tasks under plain Celery, then under
+    celery_aitp, on an embedded broker, and print the difference side by side."""
+    compare = not tour and dashboard_port is None
     started = time.monotonic()
     with ExitStack() as stack:
         try:

@@ -1,4 +1,4 @@
-"""``celery-aitp demo --compare``: one workload under plain Celery, then under celery_aitp.
+"""``celery-aitp demo``: one workload under plain Celery, then under celery_aitp.
 
 The same seeded stream of undeclared tasks (80% short ``thumbnail`` calls of 10-50 ms,
 20% long ``transcode`` calls of 0.5-1.5 s, Poisson arrivals at about 85% of one
@@ -164,7 +164,7 @@ def compare(stack_worker: Any, broker_url: str, seconds: float, seed: int) -> No
                      PLAIN_WORKER, env, items)
     console.print("run 2: celery_aitp, default policy, takeover (nothing declared, no model)")
     store = versus_app.aitp.aitp.store
-    store.write_stage({"stage": "takeover", "split": {}}, who="celery-aitp demo --compare")
+    store.write_stage({"stage": "takeover", "split": {}}, who="celery-aitp demo")
     aitp = run_once(stack_worker, versus_app.aitp, "celery_aitp.demo.versus_app:aitp",
                     AITP_WORKER, env, items)
     print_side_by_side(plain, aitp)

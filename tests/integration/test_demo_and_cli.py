@@ -30,7 +30,7 @@ def _group_is_empty(pgid: int) -> bool:
 def test_demo_runs_on_the_embedded_broker_and_leaves_no_process_behind():
     env = {k: v for k, v in os.environ.items() if not k.startswith("AITP_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery_aitp", "demo", "--tasks", "80"],
+        [sys.executable, "-m", "celery_aitp", "demo", "--tour", "--tasks", "80"],
         env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
     )
@@ -52,7 +52,7 @@ def test_demo_runs_on_the_embedded_broker_and_leaves_no_process_behind():
 def test_demo_compare_prints_plain_celery_and_celery_aitp_side_by_side_and_loses_nothing():
     env = {k: v for k, v in os.environ.items() if not k.startswith("AITP_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery_aitp", "demo", "--compare", "--seconds", "6"],
+        [sys.executable, "-m", "celery_aitp", "demo", "--seconds", "6"],
         env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
     )
