@@ -19,7 +19,7 @@ from kombu import Queue
 
 from celery_aitp.errors import PolicyError
 from celery_aitp.layout import Layout, layout_for
-from celery_aitp.policy import Policy
+from celery_aitp.policy import Policy, TenantNames
 from celery_aitp.policy_history import PolicyRecorder, describe_source
 from celery_aitp.publish.caller_priority import keeps_celery_route, tier_priority
 from celery_aitp.publish.hook import AUTO_ROUTE
@@ -114,6 +114,12 @@ class Middleware:
     @property
     def policy(self) -> Policy:
         return self.settings.policy
+
+    @cached_property
+    def tenant_names(self) -> TenantNames:
+        """Tenants a record's header may name: listed, or unlisted when the policy takes
+        them (``unlisted_tenants``)."""
+        return TenantNames(self.policy)
 
     @cached_property
     def store(self) -> RedisStore:

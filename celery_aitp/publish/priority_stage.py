@@ -97,6 +97,11 @@ class PriorityStage:
         self.sla_range = (min(slas), max(slas))
         self.tier_sla = {t.name: t.sla_s for t in policy.tiers}
         self.tenant_sla = {t: s.sla_s for t, s in policy.tenants.items()}
+        # Tenants the policy does not list have their class's cap and SLA (the default
+        # tenant's otherwise: TenantStage gives them no other name).
+        unlisted = policy.tenant_spec("") or policy.tenants[policy.default_tenant]
+        self.unlisted_cap = self.rank[unlisted.max_tier] if unlisted.max_tier else 0
+        self.unlisted_sla = unlisted.sla_s
         self.default_floor = (self.rank[policy.default_tier]
                               if policy.default_tier is not None else None)
         self.labels = dict(policy.labels)
@@ -128,7 +133,7 @@ class PriorityStage:
         declared = request.declared
         notes: list[str] = []
         floor = self.default_floor
-        sla: float | None = self.tenant_sla.get(tenant)
+        sla: float | None = self.tenant_sla.get(tenant, self.unlisted_sla)
         wanted = declared.get("tier")
         if wanted is not None:
             rank = self.rank.get(wanted) if isinstance(wanted, str) else None
@@ -149,7 +154,7 @@ class PriorityStage:
                                     p.memory_scale_mb, p.cpu_scale_cores)
         if p.favor_small:
             resources = 1.0 - resources
-        cap = self.cap.get(tenant, 0)
+        cap = self.cap.get(tenant, self.unlisted_cap)
         factors = {"tenant": tenant_factor(cap, len(self.names)),
                    "sla": sla_factor(sla, *self.sla_range), "impact": impact,
                    "resources": resources}

@@ -80,8 +80,10 @@ class UsageSnapshot:
                 groups[kind][key] = value
         predicted, observed = groups["p"], groups["o"]
         usage = {t: max(predicted.get(t, 0.0), observed.get(t, 0.0))
-                 for t in set(predicted) | set(observed) if t in policy.tenants}
+                 for t in set(predicted) | set(observed) if policy.tenant_spec(t) is not None}
         weights = {t: spec.weight for t, spec in policy.tenants.items()}
+        for tenant in usage.keys() - weights.keys():  # unlisted tenants: their class's
+            weights[tenant] = _unlisted_weight(policy)
         fs = policy.fair_share
         demoted, fair = demoted_tenants(usage, weights, fs.tolerance, fs.min_active_share)
         if not fs.enabled:
@@ -191,3 +193,8 @@ class UsageSource:
             self._carry = amounts  # sent with the next round (a sum: bounded in size)
             raise
         return UsageSnapshot.from_values(values, now, self.policy)
+
+
+def _unlisted_weight(policy: Policy) -> float:
+    spec = policy.tenant_spec("")
+    return spec.weight if spec is not None else 1.0

@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 
 WORKER_OPTIONS = (
     click.Option(["--aitp-tenant"], multiple=True,
-                 help="Serve this tenant's tier queues (repeat, comma-separate, or '*' for all)."),
+                 help="Serve this tenant's (or tenant class's) tier queues (repeat, "
+                      "comma-separate, or '*' for all)."),
     click.Option(["--aitp-accelerator"], default=None,
                  help="Accelerator class this worker provides (default: the policy's default)."),
     click.Option(["--aitp-tiers"], default=None,
@@ -77,13 +78,20 @@ def _split(values: Any) -> list[str]:
 
 
 def _parse_tenants(policy: Policy, values: Any) -> list[str]:
+    """Owners of the tier queues to serve: tenants with queues of their own and tenant
+    classes (whose queues every tenant of the class shares); ``*``: all of them."""
     names = _split(values)
+    owners = policy.queue_owners()
     if "*" in names:
-        return list(policy.tenants)
-    unknown = [n for n in names if n not in policy.tenants]
+        return list(owners)
+    shared = [f"{n} (shares the queues of class {policy.queue_owner(n)!r}: serve that)"
+              for n in names if n in policy.tenants and n not in owners]
+    if shared:
+        raise PolicyError(f"--aitp-tenant: {', '.join(shared)}")
+    unknown = [n for n in names if n not in owners]
     if unknown:
         raise PolicyError(f"--aitp-tenant: unknown tenant(s) {', '.join(unknown)} "
-                          f"(policy tenants: {', '.join(policy.tenants)})")
+                          f"(policy tenants and classes: {', '.join(owners)})")
     return list(dict.fromkeys(names))
 
 

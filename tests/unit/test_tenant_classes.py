@@ -1,0 +1,124 @@
+"""Tenant classes: tenants sharing a bounded set of tier queues, and tenants the policy does
+not list getting an identity of their own (fair share, usage) under a class's defaults."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from celery_aitp.errors import PolicyError
+from celery_aitp.policy import SplitSettings, Stage, TenantNames, parse_policy
+from celery_aitp.publish.live_view import View
+from celery_aitp.publish.pipeline import Pipeline, default_stages
+from celery_aitp.publish.request import Request
+from celery_aitp.scheduling.size_classes import SizeClasses
+from celery_aitp.scheduling.usage import UsageSnapshot
+from celery_aitp.worker.bootstep import WorkerPlan
+from celery_aitp.worker.observe import checked_header
+from celery_aitp.worker.tier_cycle import WeightPlan
+from tests.conftest import TEST_POLICY
+
+#: acme has queues of its own; globex and every unlisted tenant share class 'std'.
+POLICY = parse_policy({
+    **TEST_POLICY,
+    "tenants": {"acme": {"max_tier": "hi", "weight": 2},
+                "globex": {"max_tier": "mid", "tenant_class": "std"},
+                "default": {"max_tier": "lo"}},
+    "tenant_classes": {"std": {"max_tier": "mid", "weight": 1, "queue_weight": 3},
+                       "closed": {"trusted_header": False}},
+    "unlisted_tenants": "std",
+})
+
+
+def live_view(live: frozenset[str], demoted: frozenset[str] = frozenset()) -> View:
+    sources = {"usage": UsageSnapshot(demoted=demoted), "sizes": SizeClasses()}
+    return View(live, Stage.TAKEOVER, SplitSettings(), True,
+                sources=MappingProxyType(sources))
+
+
+def decide(policy: Any, tenant: Any, declared: dict[str, Any] | None = None,
+           live: frozenset[str] | None = None) -> Any:
+    request = Request("t", "id", (), {}, {"aitp_tenant": tenant}, declared or {}, None,
+                      1000.0, 0)
+    queues = live if live is not None else frozenset(
+        WorkerPlan(policy, "*", None, None, False).queue_names())
+    return Pipeline(default_stages(policy)).decide(request, live_view(queues), 1000.0)
+
+
+def test_classes_are_validated_by_path() -> None:
+    bad = {**TEST_POLICY,
+           "tenants": {"default": {}, "std": {}, "a": {"tenant_class": "nope"}},
+           "tenant_classes": {"std": {"max_tier": "gold"}}, "unlisted_tenants": "gone"}
+    with pytest.raises(PolicyError) as err:
+        parse_policy(bad)
+    text = str(err.value)
+    for problem in ("tenant_classes.std.max_tier: unknown tier 'gold'",
+                    "tenant_classes.std: a tenant has this name",
+                    "tenants.a.tenant_class: unknown class 'nope'",
+                    "unlisted_tenants: unknown class 'gone'"):
+        assert problem in text
+
+
+def test_a_classed_or_unlisted_tenant_routes_to_its_class_queue_under_its_own_name() -> None:
+    own = decide(POLICY, "acme")
+    assert (own.tenant, own.queue, own.routed) == ("acme", "aitp.acme.cpu.lo", True)
+    listed = decide(POLICY, "globex")
+    assert (listed.tenant, listed.queue, listed.routed) == ("globex", "aitp.std.cpu.lo", True)
+    new = decide(POLICY, "newco")
+    assert (new.tenant, new.queue, new.routed) == ("newco", "aitp.std.cpu.lo", True)
+    assert new.notes == []
+
+
+def test_an_unlisted_tenant_is_capped_at_its_class_max_tier() -> None:
+    new = decide(POLICY, "newco", declared={"tier": "hi"})
+    assert new.tier == "mid" and new.queue == "aitp.std.cpu.mid"
+
+
+def test_without_unlisted_tenants_or_with_an_untrusted_class_they_get_the_default() -> None:
+    closed = parse_policy({**TEST_POLICY, "tenant_classes": {"c": {"trusted_header": False}},
+                           "unlisted_tenants": "c"})
+    refused = decide(closed, "newco")
+    assert (refused.tenant, refused.notes) == ("default", ["tenant_refused"])
+    today = decide(parse_policy(TEST_POLICY), "newco")
+    assert (today.tenant, today.notes) == ("default", ["tenant_unknown"])
+    invalid = decide(POLICY, "Not A Name")  # not queue-name safe: never an identity
+    assert (invalid.tenant, invalid.notes) == ("default", ["tenant_unknown"])
+
+
+def test_without_a_live_worker_for_the_class_the_task_falls_back() -> None:
+    alone = decide(POLICY, "newco", live=frozenset({"aitp.acme.cpu.lo"}))
+    assert not alone.routed and alone.reason == "no_live_worker"
+
+
+def test_workers_serve_owners_of_queues_and_refuse_a_tenant_that_shares_them() -> None:
+    everything = WorkerPlan(POLICY, "*", None, "lo", False)
+    assert everything.queue_names() == ["aitp.acme.cpu.lo", "aitp.default.cpu.lo",
+                                        "aitp.std.cpu.lo", "aitp.closed.cpu.lo"]
+    assert WorkerPlan(POLICY, "std", None, "lo", False).queue_names() == ["aitp.std.cpu.lo"]
+    with pytest.raises(PolicyError, match="globex \\(shares the queues of class 'std'"):
+        WorkerPlan(POLICY, "globex", None, None, False)
+    with pytest.raises(PolicyError, match="unknown tenant"):
+        WorkerPlan(POLICY, "newco", None, None, False)
+
+
+def test_a_class_queue_reads_with_the_class_queue_weight() -> None:
+    plan = WeightPlan(POLICY, ["aitp.acme.cpu.lo", "aitp.std.cpu.lo"])
+    assert plan.weights == {"aitp.acme.cpu.lo": 2.0, "aitp.std.cpu.lo": 3.0}
+
+
+def test_unlisted_tenants_have_their_own_fair_share() -> None:
+    values = {"p:acme": 10.0, "p:newco": 80.0, "p:other-co": 10.0}
+    snap = UsageSnapshot.from_values(values, 0.0, POLICY)
+    assert set(snap.usage) == {"acme", "newco", "other-co"}
+    assert snap.demoted == {"newco"}
+    closed = UsageSnapshot.from_values(values, 0.0, parse_policy(TEST_POLICY))
+    assert set(closed.usage) == {"acme"}  # the others are not tenants of that policy
+
+
+def test_records_keep_an_unlisted_tenant_only_when_the_policy_takes_them() -> None:
+    header, bad = checked_header({"tenant": "newco"}, TenantNames(POLICY))
+    assert header == {"tenant": "newco"} and bad == []
+    header, bad = checked_header({"tenant": "newco"}, TenantNames(parse_policy(TEST_POLICY)))
+    assert "tenant" not in header and bad == ["tenant"]
