@@ -473,8 +473,10 @@ class Policy(_Model):
         return tuple(scores)
 
     def allowed_tiers(self, tenant: str) -> tuple[str, ...]:
-        """Tiers the tenant may use, highest first."""
-        spec = self.tenant_spec(tenant)
+        """Tiers the tenant (or, for a class's queues, the class) may use, highest first."""
+        spec: Tenant | TenantClass | None = self.tenant_spec(tenant)
+        if tenant not in self.tenants and tenant in self.tenant_classes:
+            spec = self.tenant_classes[tenant]
         cap = spec.max_tier if spec is not None else None
         names = self.tier_names
         return names if cap is None else names[names.index(cap) :]

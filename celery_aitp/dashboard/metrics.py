@@ -175,11 +175,16 @@ class FleetCollector:
             fams["aitp_prediction_error_seconds"].add_metric(
                 (task,), sum(k * v for k, v in items) / n)
         ten = pages.tenants(snap, fleet.policy, fleet.window_s)
-        for row in ten["tenants"]:
-            if row["known"]:
-                fams["aitp_tenant_share_ratio"].add_metric((row["tenant"],), row["share"])
-                fams["aitp_tenant_fair_share_ratio"].add_metric((row["tenant"],),
-                                                                row["fair_share"] or 0.0)
+        share: dict[str, float] = {}
+        fair: dict[str, float] = {}
+        for row in ten["tenants"]:  # at most MAX_TENANT_ROWS, the rest in one 'other' row
+            if row["known"] or row["tenant"] == pages.OTHER_TENANTS:
+                label = b.tenant(row["tenant"])
+                share[label] = share.get(label, 0.0) + row["share"]
+                fair[label] = fair.get(label, 0.0) + (row["fair_share"] or 0.0)
+        for label in share:
+            fams["aitp_tenant_share_ratio"].add_metric((label,), share[label])
+            fams["aitp_tenant_fair_share_ratio"].add_metric((label,), fair[label])
         if ten["fairness_index"] is not None:
             fams["aitp_fairness_index"].add_metric((), ten["fairness_index"])
         if ten["priority_entropy"] is not None:

@@ -95,6 +95,37 @@ def _health(snap: Snapshot) -> dict[str, Any]:
             "broker_ok": snap.broker_ok, "broker_error": snap.broker_error}
 
 
+#: Rows of the tenants page (and tenant label values of /metrics) at most; the rest are
+#: summed into one ``other`` row, so the page stays small with thousands of tenants.
+MAX_TENANT_ROWS = 50
+OTHER_TENANTS = "other"
+
+
+def top_tenants(names: list[str], runtime: Mapping[str, float],
+                runs: Mapping[str, int]) -> tuple[list[str], list[str]]:
+    """(tenants shown, tenants summed into ``other``): all of them up to
+    ``MAX_TENANT_ROWS``, else the busiest by runtime then runs, in their original order."""
+    if len(names) <= MAX_TENANT_ROWS:
+        return names, []
+    busiest = sorted(names, key=lambda t: (-runtime.get(t, 0.0), -runs.get(t, 0)))
+    shown = set(busiest[:MAX_TENANT_ROWS - 1])
+    return [t for t in names if t in shown], [t for t in names if t not in shown]
+
+
+def other_tenants_row(names: list[str], runs: Mapping[str, int], runtime: Mapping[str, float],
+                      shares: Mapping[str, float], fair: Mapping[str, float | None],
+                      tiers: tuple[str, ...]) -> dict[str, Any]:
+    """The tenants beyond the top rows, summed."""
+    return {
+        "tenant": OTHER_TENANTS, "known": False, "weight": None, "max_tier": None,
+        "tenants": len(names), "runs": sum(runs.get(t, 0) for t in names),
+        "runtime_s": sum(runtime.get(t, 0.0) for t in names),
+        "share": sum(shares.get(t, 0.0) for t in names),
+        "fair_share": sum(fair.get(t) or 0.0 for t in names),
+        "wait": {tier: summary([]) for tier in tiers},
+    }
+
+
 def tenants(snap: Snapshot, policy: Policy, window_s: float) -> dict[str, Any]:
     runtime: dict[str, float] = defaultdict(float)
     runs: Counter[str] = Counter()
@@ -108,13 +139,20 @@ def tenants(snap: Snapshot, policy: Policy, window_s: float) -> dict[str, Any]:
         wait = number(r.get("wait_s"))
         if wait is not None and isinstance(r.get("tier"), str):
             waits[tenant][r["tier"]].append(wait)
+    active = [t for t in runtime if runtime[t] > 0]
     weights = {name: spec.weight for name, spec in policy.tenants.items()}
+    for name in active:
+        spec = policy.tenant_spec(name) if name not in weights else None
+        if spec is not None:  # an unlisted tenant of a class: the class's weight
+            weights[name] = spec.weight
     shares = work.work_shares(runtime)
-    fair = work.fair_shares(weights, [t for t in runtime if runtime[t] > 0])
+    fair = work.fair_shares(weights, active)
     scheduler = snap.fair_share
     rows = []
-    for name in list(policy.tenants) + sorted(set(runs) - set(policy.tenants)):
-        spec = policy.tenants.get(name)
+    names = list(policy.tenants) + sorted(set(runs) - set(policy.tenants))
+    names, others = top_tenants(names, runtime, runs)
+    for name in names:
+        spec = policy.tenant_spec(name)
         rows.append({
             "tenant": name, "known": spec is not None,
             "weight": spec.weight if spec else None,
@@ -123,6 +161,8 @@ def tenants(snap: Snapshot, policy: Policy, window_s: float) -> dict[str, Any]:
             "share": shares.get(name, 0.0), "fair_share": fair.get(name),
             "wait": {tier: summary(waits[name].get(tier, [])) for tier in policy.tier_names},
         })
+    if others:
+        rows.append(other_tenants_row(others, runs, runtime, shares, fair, policy.tier_names))
     return {
         "at": snap.at, "window_s": window_s, "tenants": rows, "tiers": list(policy.tier_names),
         # the scheduler's figures (celery_aitp.fairness over decayed usage), not a second

@@ -106,6 +106,29 @@ def _parse_tiers(policy: Policy, value: str | None) -> list[str]:
     return [t for t in policy.tier_names if t in names]  # always highest first
 
 
+def refuse_quorum_queues(app: Any, driver: str) -> None:
+    """A tier worker on RabbitMQ refuses quorum queues among its app's queues.
+
+    Tier queues are classic priority queues (``x-max-priority``; quorum queues know two
+    priorities only). And once Celery finds a quorum queue (``task_default_queue_type``
+    ``quorum``, or a queue declared with ``x-queue-type: quorum``), it switches the worker
+    to per-consumer QoS: a prefetch per queue instead of per channel, so a worker reading
+    many tier queues could hold a lower-tier message while a higher one waits.
+    """
+    if driver != "amqp":
+        return
+    from celery.utils.quorum_queues import detect_quorum_queues
+
+    found, name = detect_quorum_queues(app, driver)
+    if found:
+        raise PolicyError(
+            f"--aitp-tenant on RabbitMQ: queue {name!r} is a quorum queue; tier queues are "
+            "classic priority queues and tier order needs one prefetch per channel, which "
+            "Celery gives up with quorum queues. Run tier workers for an app whose queues "
+            "are classic (task_default_queue_type='classic'), or serve the quorum queues "
+            "from workers without --aitp-tenant.")
+
+
 class AitpWorkerStep(bootsteps.StartStopStep):
     """Sets up tier consumption before the consumer starts; advertises and cleans up."""
 
@@ -121,6 +144,8 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         self.plan = WorkerPlan(policy, aitp_tenant, aitp_accelerator, aitp_tiers,
                                aitp_no_default_queue)
         self.store_configured = self._check_store(app)
+        if self.plan.enabled:
+            refuse_quorum_queues(app, self.middleware.broker_driver)
         self.hostname = worker.hostname
         self._follow_usage = False
         self._stop = threading.Event()

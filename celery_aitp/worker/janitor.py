@@ -54,13 +54,33 @@ class BrokerQueuePass:
         return self._ops
 
 
+#: Every this many passes the janitor also looks at the queues of their own that tenants
+#: of a class had before they joined it (see :meth:`Janitor.former_queues`).
+FORMER_QUEUES_EVERY = 12
+
+
 class Janitor(BrokerQueuePass):
-    """Finds orphaned tier queues and drains them into the default queue."""
+    """Finds orphaned tier queues and drains them into the default queue.
+
+    Cost per pass follows the owners of queues (tenants with queues of their own, and
+    tenant classes), not the number of tenants: with classes, thousands of tenants cost
+    a few queues. Classed tenants' former queues are looked at every
+    ``FORMER_QUEUES_EVERY`` passes only.
+    """
+
+    _passes = 0
 
     def known_queues(self) -> list[str]:
         """Every logical tier queue the policy can produce."""
         policy = self.middleware.policy
-        return all_tier_queues(policy.tenants, policy.accelerators, policy.tier_names)
+        return all_tier_queues(policy.queue_owners(), policy.accelerators, policy.tier_names)
+
+    def former_queues(self) -> list[str]:
+        """Queues of their own of listed tenants that now share a class's: nothing routes
+        there any more, but messages from before the policy change may wait."""
+        policy = self.middleware.policy
+        classed = [t for t, spec in policy.tenants.items() if spec.tenant_class is not None]
+        return all_tier_queues(classed, policy.accelerators, policy.tier_names)
 
     def evacuate(self, queues: Iterable[str]) -> dict[str, int]:
         """Drain the broker queues holding ``queues`` (logical tier queue or broker queue
@@ -94,9 +114,11 @@ class Janitor(BrokerQueuePass):
         """
         store = self.middleware.store
         stage, _ = stage_from_doc(store.read_stage(), self.middleware.policy)
+        self._passes += 1
+        former = self.former_queues() if self._passes % FORMER_QUEUES_EVERY == 1 else []
         if stage is Stage.COEXISTENCE:
-            return self.evacuate(self.known_queues())
-        return self.evacuate(self.orphaned(store.live_queues()))
+            return self.evacuate(self.known_queues() + former)
+        return self.evacuate(self.orphaned(store.live_queues()) + former)
 
     def run(self, stop: threading.Event) -> None:
         """Sweep every ``evacuate_interval_s`` until ``stop`` is set; one sweeper at a time."""

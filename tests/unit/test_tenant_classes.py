@@ -122,3 +122,25 @@ def test_records_keep_an_unlisted_tenant_only_when_the_policy_takes_them() -> No
     assert header == {"tenant": "newco"} and bad == []
     header, bad = checked_header({"tenant": "newco"}, TenantNames(parse_policy(TEST_POLICY)))
     assert "tenant" not in header and bad == ["tenant"]
+
+
+def test_metrics_labels_and_tenant_rows_stay_bounded_with_many_tenants() -> None:
+    from celery_aitp.dashboard import pages
+    from celery_aitp.dashboard.fleet import Snapshot
+    from celery_aitp.dashboard.labels import MAX_TENANT_LABELS, OTHER, Bounds
+
+    many = parse_policy({**TEST_POLICY, "tenants": {f"t{i}": {} for i in range(200)}
+                         | {"default": {}}})
+    bounds = Bounds(many)
+    labels = {bounds.tenant(f"t{i}") for i in range(200)}
+    assert len(labels) == MAX_TENANT_LABELS and OTHER in labels
+    assert bounds.tenant("t0") == "t0" and bounds.tenant("t199") == OTHER  # sticky
+    assert Bounds(POLICY).tenant("newco") == "newco"  # unlisted, under the bound
+    runs = [{"tenant": f"t{i}", "runtime_s": float(i), "wait_s": 0.1, "tier": "lo"}
+            for i in range(200)]
+    page = pages.tenants(Snapshot(at=0.0, observations=runs), many, 300.0)
+    rows = page["tenants"]
+    assert len(rows) == pages.MAX_TENANT_ROWS
+    assert rows[-1]["tenant"] == pages.OTHER_TENANTS and rows[-1]["tenants"] == 201 - 49
+    assert {r["tenant"] for r in rows[:-1]} == {f"t{i}" for i in range(151, 200)}  # busiest
+    assert abs(sum(r["share"] for r in rows) - 1.0) < 1e-9  # nothing dropped
