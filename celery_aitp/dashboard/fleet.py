@@ -180,6 +180,7 @@ class Fleet:
         self._snapshot: Snapshot | None = None
         self.known_queues = [default_queue] + all_tier_queues(
             policy.queue_owners(), policy.accelerators, policy.tier_names)
+        self._known_set = frozenset(self.known_queues)
 
     def snapshot(self, max_age_s: float | None = None) -> Snapshot:
         """The cached snapshot if younger than ``max_age_s`` (default ``refresh_s``)."""
@@ -237,8 +238,8 @@ class Fleet:
         return self._queue_ops
 
     def _with_queues(self, snap: Snapshot, now: float) -> Snapshot:
-        names = self.known_queues + sorted(q for q in snap.live_queues
-                                           if q not in self.known_queues)
+        known = self._known_set
+        names = self.known_queues + sorted(q for q in snap.live_queues if q not in known)
         # one row per broker queue: on RabbitMQ all tiers of a tenant and accelerator
         # wait in one queue, and only its depth is known
         groups = physical_groups(self.layout, names)

@@ -140,14 +140,15 @@ class FleetCollector:
 
     def _queues(self, fams: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         b = self.fleet.bounds
-        for q in rows:
+        shown, other = pages.top_queues(rows)  # bounded: the rest in one 'other' series
+        for q in shown + ([other] if other else []):
             if q.get("depth") is None:
                 continue
-            labels = b.queue_labels(q)
+            labels = b.queue_labels(q) if q is not other else (pages.OTHER_QUEUES,) * 5
             fams["aitp_queue_depth"].add_metric(labels, q["depth"])
             fams["aitp_queue_oldest_age_seconds"].add_metric(labels, q.get("oldest_age_s") or 0.0)
             fams["aitp_queue_consumers"].add_metric(labels, len(q.get("consumers") or ()))
-            if q["kind"] == "tier":
+            if q["kind"] == "tier" or q is other:
                 fams["aitp_queue_orphaned"].add_metric((q["queue"],), 1.0 if q["orphaned"] else 0.0)
 
     def _runs(self, fams: dict[str, Any]) -> None:

@@ -174,12 +174,37 @@ def tenants(snap: Snapshot, policy: Policy, window_s: float) -> dict[str, Any]:
     }
 
 
+#: Queue rows of the queues page (and queue series of /metrics) at most: the default
+#: queue, then orphaned and deepest first; the rest summed into one ``other`` row.
+MAX_QUEUE_ROWS = 100
+OTHER_QUEUES = "other"
+
+
+def top_queues(rows: list[dict[str, Any]], limit: int = MAX_QUEUE_ROWS
+               ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(rows shown, the rest summed into one row, or None when all are shown)."""
+    if len(rows) <= limit:
+        return rows, None
+    ranked = sorted(rows, key=lambda q: (q.get("kind") != "default", not q.get("orphaned"),
+                                         -(q.get("depth") or 0), str(q.get("queue"))))
+    shown, rest = ranked[:limit - 1], ranked[limit - 1:]
+    ages = [q["oldest_age_s"] for q in rest if isinstance(q.get("oldest_age_s"), (int, float))]
+    depths = [q["depth"] for q in rest if isinstance(q.get("depth"), int)]
+    other: dict[str, Any] = {"queue": OTHER_QUEUES, "kind": "other", "tenant": None, "accelerator": None,
+             "tier": None, "queues": len(rest), "depth": sum(depths) if depths else None,
+             "oldest_age_s": max(ages) if ages else None, "consumers": [],
+             "live": None, "orphaned": any(q.get("orphaned") for q in rest)}
+    return shown, other
+
+
 def queues(snap: Snapshot, default_queue: str) -> dict[str, Any]:
     rows = snap.queues
     depths = [q["depth"] for q in rows if isinstance(q.get("depth"), int)]
+    shown, other = top_queues(rows)
     return {"at": snap.at, "health": _health(snap), "default_queue": default_queue,
-            "queues": rows, "total_depth": sum(depths) if depths else None,
-            "orphaned": [q["queue"] for q in rows if q.get("orphaned")]}
+            "queues": shown + ([other] if other else []),
+            "total_depth": sum(depths) if depths else None,
+            "orphaned": [q["queue"] for q in rows if q.get("orphaned")][:MAX_QUEUE_ROWS]}
 
 
 def workers(snap: Snapshot, ttl_s: float) -> dict[str, Any]:

@@ -144,3 +144,17 @@ def test_metrics_labels_and_tenant_rows_stay_bounded_with_many_tenants() -> None
     assert rows[-1]["tenant"] == pages.OTHER_TENANTS and rows[-1]["tenants"] == 201 - 49
     assert {r["tenant"] for r in rows[:-1]} == {f"t{i}" for i in range(151, 200)}  # busiest
     assert abs(sum(r["share"] for r in rows) - 1.0) < 1e-9  # nothing dropped
+
+
+def test_queue_rows_stay_bounded_and_the_rest_is_summed() -> None:
+    from celery_aitp.dashboard import pages
+
+    rows = [{"queue": "celery", "kind": "default", "depth": 1, "orphaned": False}]
+    rows += [{"queue": f"aitp.t{i}.cpu.lo", "kind": "tier", "depth": i % 7,
+              "oldest_age_s": float(i), "orphaned": i == 5} for i in range(300)]
+    shown, other = pages.top_queues(rows)
+    assert len(shown) + 1 == pages.MAX_QUEUE_ROWS and other is not None
+    assert [q["queue"] for q in shown[:2]] == ["celery", "aitp.t5.cpu.lo"]
+    assert sum(q["depth"] for q in shown) + other["depth"] == sum(q["depth"] for q in rows)
+    assert other["queues"] == 301 - len(shown) and other["oldest_age_s"] is not None
+    assert pages.top_queues(rows[:10]) == (rows[:10], None)
