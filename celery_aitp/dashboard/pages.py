@@ -190,10 +190,11 @@ def top_queues(rows: list[dict[str, Any]], limit: int = MAX_QUEUE_ROWS
     shown, rest = ranked[:limit - 1], ranked[limit - 1:]
     ages = [q["oldest_age_s"] for q in rest if isinstance(q.get("oldest_age_s"), (int, float))]
     depths = [q["depth"] for q in rest if isinstance(q.get("depth"), int)]
-    other: dict[str, Any] = {"queue": OTHER_QUEUES, "kind": "other", "tenant": None, "accelerator": None,
-             "tier": None, "queues": len(rest), "depth": sum(depths) if depths else None,
-             "oldest_age_s": max(ages) if ages else None, "consumers": [],
-             "live": None, "orphaned": any(q.get("orphaned") for q in rest)}
+    other: dict[str, Any] = {
+        "queue": OTHER_QUEUES, "kind": "other", "tenant": None, "accelerator": None,
+        "tier": None, "queues": len(rest), "depth": sum(depths) if depths else None,
+        "oldest_age_s": max(ages) if ages else None, "consumers": [],
+        "live": None, "orphaned": any(q.get("orphaned") for q in rest)}
     return shown, other
 
 
