@@ -7,7 +7,8 @@ For each tenant count, in one run, against a real Redis and a real worker proces
   per task, and the ratio of medians over the blocks);
 - **drain**: the queued tasks, then one worker ``--aitp-tenant '*' -c 2`` (prefork) is
   started; throughput = tasks / (last finish - first finish), from the tasks' own times;
-- **idle**: that worker's main-process CPU over ``--idle-s`` seconds once drained;
+- **idle**: main-process CPU over ``--idle-s`` seconds of the same worker started before
+  any task was published (and, in brackets, of the draining worker once drained);
 - **dashboard**: ``/api/queues`` and ``/metrics`` of an in-process dashboard (first
   request and median of the next ones);
 - **store**: bytes of the deployment's keys (``MEMORY USAGE``) per tenant.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import socket
 import statistics
 import sys
 import time
@@ -61,6 +63,7 @@ class Figures:
     drain_s: float = float("nan")
     drained: int = 0
     idle_cpu: float = float("nan")
+    idle_after_cpu: float = float("nan")
     queues_ms: tuple[float, float] = (float("nan"), float("nan"))
     metrics_ms: tuple[float, float] = (float("nan"), float("nan"))
     store_bytes: int = 0
@@ -149,11 +152,31 @@ class Run:
         f.publish_us, f.plain_us = statistics.median(aitp_blocks), statistics.median(plain_blocks)
         f.fallbacks = int(self.client.llen(self.queue))
 
-    def drain(self) -> ScaleWorker:
+    def worker(self) -> ScaleWorker:
         env = {"AITP_SCALE_TENANTS": str(self.n), "AITP_SCALE_RUN": self.tag,
                "AITP_SCALE_BROKER": self.args.redis, "AITP_SCALE_PREFIX": self.prefix,
                "AITP_SCALE_QUEUE": self.queue, "AITP_SCALE_LAYOUT": self.layout}
-        worker = ScaleWorker(f"scale-{self.tag}", env, self.args.concurrency)
+        return ScaleWorker(f"scale-{self.tag}", env, self.args.concurrency)
+
+    def idle_before(self) -> None:
+        """A worker that never saw a task: main-process CPU once it advertises."""
+        worker = self.worker()
+        worker.start()
+        try:
+            deadline = time.monotonic() + self.args.timeout_s
+            while not self.app.aitp.store.workers() and time.monotonic() < deadline:
+                if worker.proc is not None and worker.proc.poll() is not None:
+                    raise RuntimeError(f"worker exited:\n{worker.output()[-3000:]}")
+                time.sleep(0.1)
+            time.sleep(2.0)
+            assert worker.proc is not None
+            self.figures.idle_cpu = cpu_share(worker.proc.pid, self.args.idle_s)
+        finally:
+            worker.stop()
+            self.app.aitp.store.withdraw(f"scale-{self.tag}@{socket.gethostname()}")
+
+    def drain(self) -> ScaleWorker:
+        worker = self.worker()
         started = time.monotonic()
         worker.start()
         key = done_key(self.queue)
@@ -179,10 +202,10 @@ class Run:
         self.figures.drain_s = times[-1] - times[0] if len(times) > 1 else float("nan")
         return worker
 
-    def idle(self, worker: ScaleWorker) -> None:
-        time.sleep(2.0)
+    def idle_after(self, worker: ScaleWorker) -> None:
+        time.sleep(5.0)
         assert worker.proc is not None
-        self.figures.idle_cpu = cpu_share(worker.proc.pid, self.args.idle_s)
+        self.figures.idle_after_cpu = cpu_share(worker.proc.pid, self.args.idle_s)
 
     def dashboard(self) -> None:
         from celery_aitp.dashboard.config import DashboardConfig
@@ -212,9 +235,10 @@ class Run:
     def __call__(self) -> Figures:
         worker = None
         try:
+            self.idle_before()
             self.publish()
             worker = self.drain()
-            self.idle(worker)
+            self.idle_after(worker)
             self.dashboard()
             self.store_bytes()
         finally:
@@ -230,7 +254,7 @@ def table(all_figures: list[Figures]) -> str:
     base = all_figures[0]
     lines = [
         "| tenants | layout | publish us (plain) | ratio | fallbacks | worker start s "
-        "| drain tasks/s | vs first | idle CPU % | /api/queues ms (first) "
+        "| drain tasks/s | vs first | idle CPU % (after drain) | /api/queues ms (first) "
         "| /metrics ms (first) | store KiB | B per extra tenant |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -241,7 +265,8 @@ def table(all_figures: list[Figures]) -> str:
             f"| {f.tenants:,} | {f.layout} | {f.publish_us:.0f} ({f.plain_us:.0f}) "
             f"| {f.publish_us / f.plain_us:.2f}x | {f.fallbacks} | {f.startup_s:.1f} "
             f"| {f.throughput:.0f} | {f.throughput / base.throughput:.2f}x "
-            f"| {f.idle_cpu * 100:.1f} | {f.queues_ms[1]:.0f} ({f.queues_ms[0]:.0f}) "
+            f"| {f.idle_cpu * 100:.1f} ({f.idle_after_cpu * 100:.1f}) "
+            f"| {f.queues_ms[1]:.0f} ({f.queues_ms[0]:.0f}) "
             f"| {f.metrics_ms[1]:.0f} ({f.metrics_ms[0]:.0f}) | {f.store_bytes / 1024:.0f} "
             f"| {per_tenant} |")
     for f in all_figures:

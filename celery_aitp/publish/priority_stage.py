@@ -71,6 +71,10 @@ class _Static:
         self.notes = notes
 
 
+#: Share of one core a process's fair-share usage re-reads may take (see UsageSource).
+USAGE_READ_BUDGET = 0.05
+
+
 class PriorityStage:
     """Fills ``tier``, ``score`` (the urgency), ``factors`` and ``tier_steps``; charges
     fair-share usage and the size histogram."""
@@ -79,7 +83,9 @@ class PriorityStage:
 
     def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:
         self.policy = policy
-        self.usage = UsageSource(policy, clock)
+        # In real time (not a replay's simulated clock) the usage re-reads keep to a budget.
+        self.usage = UsageSource(policy, clock,
+                                 USAGE_READ_BUDGET if clock is time.time else None)
         self.sizes = SizeSource(policy.placement, len(policy.tiers), clock)
         self.sources = (self.usage, self.sizes, BoostSource(policy))
         self.keyed_sources = (USAGE_SOURCE,)  # read through memo_key only

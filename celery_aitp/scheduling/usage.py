@@ -139,6 +139,15 @@ class UsageStore:
         if amounts:
             self.sums.add(pipe, self.key, amounts, now, self.half_life_s)
 
+    def add(self, amounts: Mapping[str, float], now: float) -> None:
+        """Add a batch without reading the hash back."""
+        if not amounts:
+            return
+        with translated_errors():
+            pipe = self.store.client.pipeline(transaction=False)
+            self.queue_add(pipe, amounts, now)
+            pipe.execute()
+
     def add_and_read(self, amounts: Mapping[str, float], now: float) -> dict[str, float]:
         """Add a batch and read the whole hash back, in one round trip."""
         with translated_errors():
@@ -166,11 +175,17 @@ class UsageSource:
     name = USAGE_SOURCE
     initial = UsageSnapshot()
 
-    def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, policy: Policy, clock: Callable[[], float] = time.time,
+                 read_budget: float | None = None) -> None:
         self.policy = policy
         self.clock = clock
         self.pending: deque[tuple[str, str, float]] = deque(maxlen=PENDING_LIMIT)
         self._carry: dict[str, float] = {}  # a batch the store did not take last time
+        #: Share of a core the hash re-reads may take (None: every round). The hash has a
+        #: few fields per active tenant: with thousands, reading it every round would cost
+        #: each process a good part of a core; between reads the batches still ship.
+        self.read_budget = read_budget
+        self._next_read = 0.0
 
     def drain(self) -> dict[str, float]:
         """Sum what was published since the last round into usage-hash increments."""
@@ -187,12 +202,20 @@ class UsageSource:
         now = self.clock()
         amounts = self.drain()
         usage = UsageStore(store, self.policy.fair_share.half_life_s)
+        started = time.monotonic()
+        reread = self.read_budget is None or started >= self._next_read
         try:
+            if not reread:
+                usage.add(amounts, now)
+                return previous
             values = usage.add_and_read(amounts, now)
         except Exception:
             self._carry = amounts  # sent with the next round (a sum: bounded in size)
             raise
-        return UsageSnapshot.from_values(values, now, self.policy)
+        snapshot = UsageSnapshot.from_values(values, now, self.policy)
+        if self.read_budget is not None:
+            self._next_read = started + (time.monotonic() - started) / self.read_budget
+        return snapshot
 
 
 def _unlisted_weight(policy: Policy) -> float:

@@ -158,3 +158,28 @@ def test_queue_rows_stay_bounded_and_the_rest_is_summed() -> None:
     assert sum(q["depth"] for q in shown) + other["depth"] == sum(q["depth"] for q in rows)
     assert other["queues"] == 301 - len(shown) and other["oldest_age_s"] is not None
     assert pages.top_queues(rows[:10]) == (rows[:10], None)
+
+
+def test_usage_rereads_keep_to_their_budget_and_batches_still_ship(store) -> None:
+    from celery_aitp.scheduling.usage import UsageSource, read_usage
+
+    source = UsageSource(POLICY, clock=lambda: 1000.0, read_budget=1e-9)  # one read only
+    source.pending.append(("newco", "lo", 5.0))
+    first = source.fetch(store, source.initial)
+    assert first.predicted == {"newco": 5.0}
+    source.pending.append(("acme", "lo", 7.0))
+    second = source.fetch(store, first)
+    assert second is first  # not re-read within the budget ...
+    assert read_usage(store, POLICY, 1000.0).predicted == {"newco": 5.0, "acme": 7.0}  # sent
+
+
+def test_workers_charge_observed_usage_to_unlisted_tenants(store) -> None:
+    from celery_aitp.scheduling.usage import read_usage
+    from celery_aitp.telemetry.counters import Counters
+    from celery_aitp.worker.ledger import RunLedger
+
+    ledger = RunLedger(POLICY, Counters(), clock=lambda: 1000.0)
+    ledger.add({"task": "t", "tenant": "newco", "runtime_s": 3.0})
+    ledger.add({"task": "t", "tenant": "Bad Name", "runtime_s": 9.0})
+    ledger.flush(store)
+    assert read_usage(store, POLICY, 1000.0).observed == {"newco": 3.0}
