@@ -24,6 +24,11 @@ def tenant_names(n: int, run: str) -> list[str]:
     return [f"t{run}{i:05d}" for i in range(n)]
 
 
+def class_name(run: str) -> str:
+    """The run's tenant class (``class`` and ``unlisted`` layouts)."""
+    return f"s{run}"
+
+
 #: How the benchmark's tenants are laid out: ``dedicated`` (listed, queues of their own),
 #: ``class`` (listed, sharing the queues of one class), ``unlisted`` (not listed at all:
 #: the class of ``unlisted_tenants`` takes them).
@@ -36,12 +41,13 @@ def policy(n: int, run: str, layout: str = "dedicated") -> dict[str, Any]:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     base: dict[str, Any] = {"stage": "takeover", "placement": {"min_samples": 1e12}}
+    shared = class_name(run)  # the run's own: its queues are not another run's
     if layout == "unlisted":
-        return base | {"tenants": {"default": {}}, "tenant_classes": {"std": {}},
-                       "unlisted_tenants": "std"}
-    spec = {"tenant_class": "std"} if layout == "class" else {}
+        return base | {"tenants": {"default": {}}, "tenant_classes": {shared: {}},
+                       "unlisted_tenants": shared}
+    spec = {"tenant_class": shared} if layout == "class" else {}
     tenants: dict[str, Any] = {name: dict(spec) for name in tenant_names(n, run)}
-    classes = {"tenant_classes": {"std": {}}} if layout == "class" else {}
+    classes = {"tenant_classes": {shared: {}}} if layout == "class" else {}
     return base | classes | {"tenants": tenants | {"default": {}}}
 
 

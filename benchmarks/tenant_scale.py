@@ -21,7 +21,8 @@ of its own (the only layout before tenant classes); ``class``, every tenant list
 tenant class sharing its queues; ``unlisted``, no tenant listed, the ``unlisted_tenants``
 class takes them. ``N:layout`` runs one layout only at that count.
 
-Every key a run creates carries its random tag and is deleted at the end. Targets (issue
+Every key a run creates (tenants, class, prefix, queues) carries its random tag and is
+deleted at the end. Targets (issue
 "scale"): drain at least 0.8x the one-tenant figure at 1,000 tenants and 0.6x at 10,000;
 idle at most 1% of a core; publish at most 1.05x plain Celery; dashboard under 300 ms.
 """
@@ -229,8 +230,7 @@ class Run:
 
     def cleanup(self) -> None:
         common.close(self.app.aitp)
-        common.cleanup(self.args.redis, [f"{self.prefix}*", f"{self.queue}*",
-                                         f"*t{self.tag}*"])
+        common.cleanup(self.args.redis, [f"*{self.tag}*"])  # every key of the run has it
 
     def __call__(self) -> Figures:
         worker = None
@@ -245,6 +245,8 @@ class Run:
             if worker is not None:
                 worker.stop()
             with contextlib.suppress(Exception):
+                self.cleanup()
+                time.sleep(1.0)  # a stopping process's last flush may land late
                 self.cleanup()
         return self.figures
 
