@@ -42,11 +42,20 @@ def usage_key(store: RedisStore) -> str:
 def demoted_tenants(usage: Mapping[str, float], weights: Mapping[str, float],
                     tolerance: float, min_active_share: float) -> tuple[frozenset[str],
                                                                          dict[str, float]]:
-    """Tenants above their weighted share, and each active tenant's fair share."""
+    """Tenants above their weighted share, and each active tenant's fair share.
+
+    A tenant below ``min_active_share`` of the total does not count as active (a trickle
+    must not make a lone heavy user look unfair), unless such small tenants together
+    reach that share: a thousand customers at 0.1% each are real demand.
+    """
     total = sum(u for t, u in usage.items() if t in weights and u > 0)
     if total <= 0:
         return frozenset(), {}
-    active = [t for t, u in usage.items() if t in weights and u / total >= min_active_share]
+    using = [t for t, u in usage.items() if t in weights and u > 0]
+    active = [t for t in using if usage[t] / total >= min_active_share]
+    small = sum(usage[t] for t in using) - sum(usage[t] for t in active)
+    if small / total >= min_active_share:
+        active = using
     weight_sum = sum(weights[t] for t in active)
     fair = {t: weights[t] / weight_sum for t in active}
     if len(active) < 2:

@@ -183,3 +183,21 @@ def test_workers_charge_observed_usage_to_unlisted_tenants(store) -> None:
     ledger.add({"task": "t", "tenant": "Bad Name", "runtime_s": 9.0})
     ledger.flush(store)
     assert read_usage(store, POLICY, 1000.0).observed == {"newco": 3.0}
+
+
+def test_fair_share_at_a_thousand_tenants_of_one_class_demotes_only_the_flooder() -> None:
+    values = {f"p:c{i}": 1.0 for i in range(1000)} | {"p:c7": 400.0}
+    snap = UsageSnapshot.from_values(values, 0.0, POLICY)
+    assert snap.demoted == {"c7"}
+    flooded = decide_with_usage(POLICY, "c7", snap)
+    quiet = decide_with_usage(POLICY, "c8", snap)
+    assert (flooded.queue, quiet.queue) == ("aitp.std.cpu.lo", "aitp.std.cpu.mid")
+
+
+def decide_with_usage(policy: Any, tenant: str, snap: UsageSnapshot) -> Any:
+    request = Request("t", "id", (), {}, {"aitp_tenant": tenant}, {"tier": "mid"}, None,
+                      1000.0, 0)
+    queues = frozenset(WorkerPlan(policy, "*", None, None, False).queue_names())
+    view = View(queues, Stage.TAKEOVER, SplitSettings(), True,
+                sources=MappingProxyType({"usage": snap, "sizes": SizeClasses()}))
+    return Pipeline(default_stages(policy)).decide(request, view, 1000.0)
