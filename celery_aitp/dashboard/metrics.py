@@ -103,6 +103,9 @@ class FleetCollector:
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
+        #: The window's samples for the last snapshot: scrapes between two refreshes of
+        #: the snapshot reuse them (the window pages read every record in the window).
+        self._window_cache: tuple[Any, list[tuple[str, tuple[str, ...], float]]] = (None, [])
 
     def describe(self) -> list[Metric]:
         """Every family, empty: the registry learns the names, so ``?name[]=`` filters."""
@@ -115,7 +118,15 @@ class FleetCollector:
         self._decisions(fams, snap.counters)
         self._queues(fams, snap.queues)
         self._runs(fams)
-        self._window(fams, snap)
+        cached_for, samples = self._window_cache
+        if cached_for is not snap:
+            window = {name: _family(name) for name in METRICS}
+            self._window(window, snap)
+            samples = [(name, tuple(sample.labels.values()), sample.value)
+                       for name, family in window.items() for sample in family.samples]
+            self._window_cache = (snap, samples)
+        for name, labels, value in samples:
+            fams[name].add_metric(labels, value)
         self._state(fams, snap)
         yield from fams.values()
 

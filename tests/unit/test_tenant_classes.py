@@ -201,3 +201,24 @@ def decide_with_usage(policy: Any, tenant: str, snap: UsageSnapshot) -> Any:
     view = View(queues, Stage.TAKEOVER, SplitSettings(), True,
                 sources=MappingProxyType({"usage": snap, "sizes": SizeClasses()}))
     return Pipeline(default_stages(policy)).decide(request, view, 1000.0)
+
+
+def test_scrapes_between_two_snapshots_reuse_the_window_figures(store, monkeypatch) -> None:
+    from prometheus_client.exposition import generate_latest
+
+    from celery_aitp.dashboard import pages
+    from celery_aitp.dashboard.fleet import Fleet
+    from celery_aitp.dashboard.metrics import registry_for
+    from celery_aitp.stubs import MemoryQueueOps
+
+    ops = MemoryQueueOps()
+    fleet = Fleet(store, POLICY, "celery", lambda: ops, 10.0, refresh_s=3600, window_s=300)
+    calls = []
+    real = pages.predictions
+    monkeypatch.setattr(pages, "predictions", lambda snap: calls.append(1) or real(snap))
+    registry = registry_for(fleet)
+    first = generate_latest(registry)
+    assert generate_latest(registry) == first and len(calls) == 1
+    fleet.snapshot(max_age_s=0)  # a new snapshot: the window is read again
+    generate_latest(registry)
+    assert len(calls) == 2
