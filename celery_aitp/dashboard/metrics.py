@@ -114,7 +114,7 @@ class FleetCollector:
     def collect(self) -> Iterator[Metric]:
         fleet = self.fleet
         snap = fleet.snapshot()
-        fams = {name: _family(name) for name in METRICS}
+        fams: dict[str, Any] = {name: _family(name) for name in METRICS}
         self._decisions(fams, snap.counters)
         self._queues(fams, snap.queues)
         self._runs(fams)
