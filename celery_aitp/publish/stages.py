@@ -62,6 +62,7 @@ class TenantStage:
         unlisted = policy.tenant_spec("") if policy.unlisted_tenants else None
         self.claim_unlisted = producer_tenant is None and unlisted is not None and \
             unlisted.trusted_header
+        self.unlisted_class = policy.unlisted_tenants
         self.default = producer_tenant or policy.default_tenant
         self.kwarg = policy.tenant_kwarg
 
@@ -74,6 +75,8 @@ class TenantStage:
             return
         tenant, note = self.resolve(raw, request.parent_tenant)
         decision.tenant = tenant
+        if self.unlisted_class is not None and tenant not in self.tenants.listed:
+            decision.counter_tenant = self.unlisted_class
         if note is not None:
             decision.notes.append(note)
 

@@ -222,3 +222,10 @@ def test_scrapes_between_two_snapshots_reuse_the_window_figures(store, monkeypat
     fleet.snapshot(max_age_s=0)  # a new snapshot: the window is read again
     generate_latest(registry)
     assert len(calls) == 2
+
+
+def test_unlisted_tenants_are_counted_under_their_class() -> None:
+    new = decide(POLICY, "newco")
+    listed = decide(POLICY, "globex")
+    assert new.counter() == "decisions:takeover:std:lo:cpu:routed"
+    assert listed.counter() == "decisions:takeover:globex:lo:cpu:routed"
