@@ -169,7 +169,7 @@ class Run:
                 if worker.proc is not None and worker.proc.poll() is not None:
                     raise RuntimeError(f"worker exited:\n{worker.output()[-3000:]}")
                 time.sleep(0.1)
-            time.sleep(2.0)
+            time.sleep(12.0)  # past start-up and the janitor's first pass (5 s interval)
             assert worker.proc is not None
             self.figures.idle_cpu = cpu_share(worker.proc.pid, self.args.idle_s)
         finally:

@@ -54,21 +54,17 @@ class BrokerQueuePass:
         return self._ops
 
 
-#: Every this many passes the janitor also looks at the queues of their own that tenants
-#: of a class had before they joined it (see :meth:`Janitor.former_queues`).
-FORMER_QUEUES_EVERY = 12
-
-
 class Janitor(BrokerQueuePass):
     """Finds orphaned tier queues and drains them into the default queue.
 
     Cost per pass follows the owners of queues (tenants with queues of their own, and
     tenant classes), not the number of tenants: with classes, thousands of tenants cost
-    a few queues. Classed tenants' former queues are looked at every
-    ``FORMER_QUEUES_EVERY`` passes only.
+    a few queues. Classed tenants' former queues are looked at in this process's first
+    pass only: a policy takes effect when workers restart, so the first pass after the
+    change drains them (and ``celery aitp evacuate`` does on demand).
     """
 
-    _passes = 0
+    _former_swept = False
 
     def known_queues(self) -> list[str]:
         """Every logical tier queue the policy can produce."""
@@ -114,11 +110,13 @@ class Janitor(BrokerQueuePass):
         """
         store = self.middleware.store
         stage, _ = stage_from_doc(store.read_stage(), self.middleware.policy)
-        self._passes += 1
-        former = self.former_queues() if self._passes % FORMER_QUEUES_EVERY == 1 else []
+        former = [] if self._former_swept else self.former_queues()
         if stage is Stage.COEXISTENCE:
-            return self.evacuate(self.known_queues() + former)
-        return self.evacuate(self.orphaned(store.live_queues()) + former)
+            moved = self.evacuate(self.known_queues() + former)
+        else:
+            moved = self.evacuate(self.orphaned(store.live_queues()) + former)
+        self._former_swept = True
+        return moved
 
     def run(self, stop: threading.Event) -> None:
         """Sweep every ``evacuate_interval_s`` until ``stop`` is set; one sweeper at a time."""

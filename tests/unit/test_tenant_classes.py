@@ -229,3 +229,26 @@ def test_unlisted_tenants_are_counted_under_their_class() -> None:
     listed = decide(POLICY, "globex")
     assert new.counter() == "decisions:takeover:std:lo:cpu:routed"
     assert listed.counter() == "decisions:takeover:globex:lo:cpu:routed"
+
+
+def test_a_tenant_that_joined_a_class_leaves_nothing_in_its_former_queues(store) -> None:
+    from types import SimpleNamespace
+
+    from celery_aitp.layout import PerTierLayout
+    from celery_aitp.migration.control import stage_doc
+    from celery_aitp.stubs import MemoryQueueOps
+    from celery_aitp.telemetry.counters import Counters
+    from celery_aitp.worker.janitor import Janitor
+
+    ops = MemoryQueueOps()
+    ops.queues["aitp.globex.cpu.lo"].extend([(0.0, "a"), (1.0, "b")])  # before the class
+    middleware = SimpleNamespace(policy=POLICY, layout=PerTierLayout(), store=store,
+                                 default_queue="celery", counters=Counters())
+    store.write_stage(stage_doc(Stage.TAKEOVER, SplitSettings()), "me")
+    store.advertise("w", WorkerPlan(POLICY, "*", None, None, False).queue_names(), {}, 60)
+    janitor = Janitor(middleware, ops=ops)
+    assert "aitp.globex.cpu.lo" not in janitor.known_queues()  # not a queue of the policy
+    assert janitor.sweep() == {"aitp.globex.cpu.lo": 2}  # the first pass looks anyway
+    ops.queues["aitp.globex.cpu.lo"].append((2.0, "c"))
+    assert janitor.sweep() == {}  # later passes do not pay for thousands of tenants
+    assert [m for _, m in ops.queues["celery"]] == ["a", "b"]
