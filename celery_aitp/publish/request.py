@@ -158,8 +158,9 @@ class Decision:
         self.arm: str | None = None  # 'routed' or 'standard' in the split stage
         self.decided_at: float = decided_at
         self.notes: list[str] = []  # counted anomalies, e.g. 'tenant_unknown'
-        #: The tenant its counter names, when not ``tenant``: an unlisted tenant is counted
-        #: under its class, so the store's counters stay bounded by the policy.
+        #: The tenant its counter names, when not ``tenant``: a tenant of a class (listed
+        #: or not) is counted under its class, so the store's counters grow with queue
+        #: owners, not with tenants.
         self.counter_tenant: str | None = None
         self.tier_steps: dict[str, Any] | None = None  # how the score became the tier
         self.origin_at: float | None = None  # first publish of this task (kept by retries)

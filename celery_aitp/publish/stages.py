@@ -65,6 +65,11 @@ class TenantStage:
         self.unlisted_class = policy.unlisted_tenants
         self.default = producer_tenant or policy.default_tenant
         self.kwarg = policy.tenant_kwarg
+        #: Tenants of a class are counted under it (``decisions:...`` counters): the
+        #: store's counters grow with queue owners, not with tenants.
+        self.counted_as = {t: spec.tenant_class for t, spec in policy.tenants.items()
+                           if spec.tenant_class is not None}
+        self.default_counted = self.counted_as.get(self.default)
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         raw: Any = request.headers.get("aitp_tenant")
@@ -72,9 +77,12 @@ class TenantStage:
             raw = request.kwargs.get(self.kwarg)
         if raw is None and request.parent_tenant is None:  # the common case, at once
             decision.tenant = self.default
+            decision.counter_tenant = self.default_counted
             return
         tenant, note = self.resolve(raw, request.parent_tenant)
         decision.tenant = tenant
+        if self.counted_as:
+            decision.counter_tenant = self.counted_as.get(tenant)
         if self.unlisted_class is not None and tenant not in self.tenants.listed:
             decision.counter_tenant = self.unlisted_class
         if note is not None:

@@ -224,11 +224,14 @@ def test_scrapes_between_two_snapshots_reuse_the_window_figures(store, monkeypat
     assert len(calls) == 2
 
 
-def test_unlisted_tenants_are_counted_under_their_class() -> None:
+def test_tenants_of_a_class_are_counted_under_their_class() -> None:
     new = decide(POLICY, "newco")
     listed = decide(POLICY, "globex")
+    own = decide(POLICY, "acme")
     assert new.counter() == "decisions:takeover:std:lo:cpu:routed"
-    assert listed.counter() == "decisions:takeover:globex:lo:cpu:routed"
+    assert listed.counter() == "decisions:takeover:std:lo:cpu:routed"
+    assert own.counter() == "decisions:takeover:acme:lo:cpu:routed"
+    assert (new.tenant, listed.tenant) == ("newco", "globex")  # their own names elsewhere
 
 
 def test_a_tenant_that_joined_a_class_leaves_nothing_in_its_former_queues(store) -> None:
