@@ -7,6 +7,7 @@ path can trust it. Every invalid field is reported with its path, e.g.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -503,10 +504,6 @@ class Policy(_Model):
         own = tuple(t for t, spec in self.tenants.items() if spec.tenant_class is None)
         return own + tuple(self.tenant_classes)
 
-    def tenants_of(self, owner: str) -> tuple[str, ...]:
-        """Listed tenants whose tasks go to ``owner``'s queues."""
-        return tuple(t for t in self.tenants if self.queue_owner(t) == owner)
-
 
 class TenantNames:
     """``name in TenantNames(policy)``: a listed tenant, or (with ``unlisted_tenants``) any
@@ -522,18 +519,10 @@ class TenantNames:
         return self.open and isinstance(name, str) and NAME_PATTERN.match(name) is not None
 
 
-_CLASS_SPECS: dict[tuple[int, str], Tenant] = {}
-
-
+@functools.lru_cache(maxsize=256)
 def _class_spec(spec: TenantClass, name: str) -> Tenant:
-    """``spec.as_tenant(name)``, built once per class object (the policy is frozen)."""
-    key = (id(spec), name)
-    found = _CLASS_SPECS.get(key)
-    if found is None or found.weight != spec.weight or found.max_tier != spec.max_tier:
-        if len(_CLASS_SPECS) > 1000:
-            _CLASS_SPECS.clear()
-        found = _CLASS_SPECS[key] = spec.as_tenant(name)
-    return found
+    """``spec.as_tenant(name)``, built once per class (frozen models hash by value)."""
+    return spec.as_tenant(name)
 
 
 def _class_problems(policy: Policy, tiers: list[str]) -> list[str]:
