@@ -23,7 +23,7 @@ from kombu import Queue
 from celery_aitp.core.view import View
 from celery_aitp.errors import PolicyError, StoreError
 from celery_aitp.layout import Layout, layout_for
-from celery_aitp.policy import Policy
+from celery_aitp.policy import Policy, TenantNames
 from celery_aitp.policy_history import PolicyRecorder, describe_source, policy_digest
 from celery_aitp.policy_live import ACTIVE_POLICY_SOURCE, ActivePolicySource, active_policy
 from celery_aitp.publish.live_view import LiveView
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "socket://", "unix://")
 #: Attributes built from the policy, dropped when the process adopts another one.
-POLICY_BUILT = ("decision_log", "policy_recorder", "policy_digest")
+POLICY_BUILT = ("decision_log", "policy_recorder", "policy_digest", "tenant_names")
 
 
 def store_url_for(settings: Settings, broker_url: str | None) -> str:
@@ -90,6 +90,12 @@ class Deployment:
     @property
     def policy(self) -> Policy:
         return self.settings.policy
+
+    @cached_property
+    def tenant_names(self) -> TenantNames:
+        """Tenants a record's header may name: listed, or unlisted when the policy takes
+        them (``unlisted_tenants``)."""
+        return TenantNames(self.policy)
 
     @cached_property
     def store(self) -> RedisStore:

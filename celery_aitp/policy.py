@@ -7,6 +7,7 @@ path can trust it. Every invalid field is reported with its path, e.g.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -102,6 +103,45 @@ class Tenant(_Model):
                     "tenant; if not, only producers pinned to it (producer_tenant) and tasks "
                     "published by its own running tasks are its.",
     )
+    tenant_class: str | None = Field(
+        default=None,
+        description="Share the tier queues of this class of tenant_classes instead of "
+                    "queues of its own (None: its own queues); fair share stays per tenant.",
+    )
+
+
+class TenantClass(_Model):
+    """Defaults for the tenants of a class, and the tier queues they share.
+
+    A class's tenants keep their own fair-share identity (usage, demotion, metrics) but
+    share ``aitp.<class>.<accelerator>.<tier>``: a worker reads a bounded number of queues
+    however many tenants there are.
+    """
+
+    max_tier: str | None = Field(
+        default=None, description="Highest tier a tenant of the class may use; None: the top."
+    )
+    weight: float = Field(default=1.0, gt=0, le=1e6,
+                          description="Fair-share weight of each tenant of the class.")
+    sla_s: float | None = Field(
+        default=None, gt=0, description="Target queue wait of the class's tasks (None: tiers')."
+    )
+    trusted_header: bool = Field(
+        default=True,
+        description="Whether the aitp_tenant header or the tenant_kwarg argument may name a "
+                    "tenant of the class the policy does not list (when it is "
+                    "unlisted_tenants).",
+    )
+    queue_weight: float = Field(
+        default=1.0, gt=0, le=1e6,
+        description="Read weight of the class's shared queues beside dedicated tenants' "
+                    "queues (the weighted tier order); fairness inside is the fair share's.",
+    )
+
+    def as_tenant(self, name: str) -> Tenant:
+        """The spec of one tenant of this class (``name``: the class)."""
+        return Tenant(max_tier=self.max_tier, weight=self.weight, sla_s=self.sla_s,
+                      trusted_header=self.trusted_header, tenant_class=name)
 
 
 class SplitSettings(_Model):
@@ -268,6 +308,16 @@ class Policy(_Model):
         description="Known tenants by name.",
     )
     default_tenant: str = Field(default="default", description="Tenant for unmarked tasks.")
+    tenant_classes: dict[str, TenantClass] = Field(
+        default_factory=dict,
+        description="Classes of tenants sharing tier queues, by name (not a tenant's name).",
+    )
+    unlisted_tenants: str | None = Field(
+        default=None,
+        description="Class of tenants the policy does not list, named by the header or "
+                    "tenant_kwarg: each keeps its own fair-share identity (None: such tasks "
+                    "get the default tenant).",
+    )
     accelerators: tuple[str, ...] = Field(
         default=("cpu", "gpu"), min_length=1, description="Accelerator classes."
     )
@@ -350,6 +400,13 @@ class Policy(_Model):
             _check_name(name)
         return value
 
+    @field_validator("tenant_classes")
+    @classmethod
+    def _classes(cls, value: dict[str, TenantClass]) -> dict[str, TenantClass]:
+        for name in value:
+            _check_name(name)
+        return value
+
     @model_validator(mode="after")
     def _cross_refs(self) -> Policy:
         names = [t.name for t in self.tiers]
@@ -362,6 +419,7 @@ class Policy(_Model):
         ]
         if self.default_tenant not in self.tenants:
             problems.append(f"default_tenant: {self.default_tenant!r} is not in tenants")
+        problems += _class_problems(self, names)
         if self.default_accelerator not in self.accelerators:
             problems.append(
                 f"default_accelerator: {self.default_accelerator!r} not in accelerators"
@@ -438,10 +496,76 @@ class Policy(_Model):
         return tuple(scores)
 
     def allowed_tiers(self, tenant: str) -> tuple[str, ...]:
-        """Tiers the tenant may use, highest first."""
-        cap = self.tenants[tenant].max_tier
+        """Tiers the tenant (or, for a class's queues, the class) may use, highest first."""
+        spec: Tenant | TenantClass | None = self.tenant_spec(tenant)
+        if tenant not in self.tenants and tenant in self.tenant_classes:
+            spec = self.tenant_classes[tenant]
+        cap = spec.max_tier if spec is not None else None
         names = self.tier_names
         return names if cap is None else names[names.index(cap) :]
+
+    # --- tenant classes ---
+
+    def tenant_spec(self, tenant: str) -> Tenant | None:
+        """A listed tenant's spec; for another, its ``unlisted_tenants`` class's (None if
+        the policy takes no unlisted tenants)."""
+        spec = self.tenants.get(tenant)
+        if spec is None and self.unlisted_tenants is not None:
+            return _class_spec(self.tenant_classes[self.unlisted_tenants], self.unlisted_tenants)
+        return spec
+
+    def queue_owner(self, tenant: str) -> str:
+        """Whose tier queues hold the tenant's tasks: its class's, or its own."""
+        spec = self.tenant_spec(tenant)
+        if spec is not None and spec.tenant_class is not None:
+            return spec.tenant_class
+        return tenant
+
+    def queue_owners(self) -> tuple[str, ...]:
+        """Every owner of tier queues: tenants with queues of their own, then classes."""
+        own = tuple(t for t, spec in self.tenants.items() if spec.tenant_class is None)
+        return own + tuple(self.tenant_classes)
+
+
+class TenantNames:
+    """``name in TenantNames(policy)``: a listed tenant, or (with ``unlisted_tenants``) any
+    valid tenant name, which then has its own identity in the unlisted class."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.listed = frozenset(policy.tenants)
+        self.open = policy.unlisted_tenants is not None
+
+    def __contains__(self, name: object) -> bool:
+        if name in self.listed:
+            return True
+        return self.open and isinstance(name, str) and NAME_PATTERN.match(name) is not None
+
+
+@functools.lru_cache(maxsize=256)
+def _class_spec(spec: TenantClass, name: str) -> Tenant:
+    """``spec.as_tenant(name)``, built once per class (frozen models hash by value)."""
+    return spec.as_tenant(name)
+
+
+def _class_problems(policy: Policy, tiers: list[str]) -> list[str]:
+    """Classes: known tiers, names apart from tenants', references that exist."""
+    classes = policy.tenant_classes
+    problems = [
+        f"tenant_classes.{name}.max_tier: unknown tier {spec.max_tier!r} "
+        f"(tiers: {', '.join(tiers)})"
+        for name, spec in classes.items()
+        if spec.max_tier is not None and spec.max_tier not in tiers
+    ]
+    problems += [f"tenant_classes.{name}: a tenant has this name (queues would be shared)"
+                 for name in classes if name in policy.tenants]
+    problems += [
+        f"tenants.{tenant}.tenant_class: unknown class {spec.tenant_class!r}"
+        for tenant, spec in policy.tenants.items()
+        if spec.tenant_class is not None and spec.tenant_class not in classes
+    ]
+    if policy.unlisted_tenants is not None and policy.unlisted_tenants not in classes:
+        problems.append(f"unlisted_tenants: unknown class {policy.unlisted_tenants!r}")
+    return problems
 
 
 def _min_score_problems(tiers: tuple[Tier, ...]) -> list[str]:

@@ -132,7 +132,7 @@ class Decision:
         "task", "task_id", "tenant", "tier", "accelerator", "features", "predicted_runtime_s",
         "predicted_p90_s", "prediction_source", "profile", "score", "factors",
         "queue", "routed", "reason", "stage", "arm", "decided_at", "notes",
-        "tier_steps", "origin_at", "feature_key",
+        "tier_steps", "origin_at", "feature_key", "counter_tenant",
     )
 
     def __init__(self, stage: str, decided_at: float, task: str = "", task_id: str = "") -> None:
@@ -158,6 +158,10 @@ class Decision:
         self.arm: str | None = None  # 'routed' or 'standard' in the split stage
         self.decided_at: float = decided_at
         self.notes: list[str] = []  # counted anomalies, e.g. 'tenant_unknown'
+        #: The tenant its counter names, when not ``tenant``: a tenant of a class (listed
+        #: or not) is counted under its class, so the store's counters grow with queue
+        #: owners, not with tenants.
+        self.counter_tenant: str | None = None
         self.tier_steps: dict[str, Any] | None = None  # how the score became the tier
         self.origin_at: float | None = None  # first publish of this task (kept by retries)
 
@@ -170,8 +174,8 @@ class Decision:
     def counter(self) -> str:
         """Its ``decisions:<stage>:<tenant>:<tier>:<accelerator>:<reason>`` counter (bounded
         by the policy; the reason goes last because ``error:<Type>`` holds the separator)."""
-        return (f"decisions:{self.stage}:{self.tenant}:{self.tier}:{self.accelerator}:"
-                f"{self.reason}")
+        return (f"decisions:{self.stage}:{self.counter_tenant or self.tenant}:{self.tier}:"
+                f"{self.accelerator}:{self.reason}")
 
     def header(self) -> str:
         """The ``aitp`` header carried by the message: one compact, strict JSON object.

@@ -183,7 +183,8 @@ class Fleet:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self.known_queues = [default_queue] + all_tier_queues(
-            policy.tenants, policy.accelerators, policy.tier_names)
+            policy.queue_owners(), policy.accelerators, policy.tier_names)
+        self._known_set = frozenset(self.known_queues)
 
     def snapshot(self, max_age_s: float | None = None) -> Snapshot:
         """The cached snapshot if younger than ``max_age_s`` (default ``refresh_s``)."""
@@ -246,13 +247,16 @@ class Fleet:
         return self._queue_ops
 
     def _with_queues(self, snap: Snapshot, now: float) -> Snapshot:
-        names = self.known_queues + sorted(q for q in snap.live_queues
-                                           if q not in self.known_queues)
+        known = self._known_set
+        names = self.known_queues + sorted(q for q in snap.live_queues if q not in known)
         # one row per broker queue: on RabbitMQ all tiers of a tenant and accelerator
         # wait in one queue, and only its depth is known
         groups = physical_groups(self.layout, names)
-        alive = [w for w in snap.workers if now - float(w.get("heartbeat") or 0)
-                 <= self.worker_ttl_s]
+        alive: dict[str, list[str]] = {}  # queue -> live workers serving it, built once
+        for worker in snap.workers:
+            if now - float(worker.get("heartbeat") or 0) <= self.worker_ttl_s:
+                for queue in worker.get("queues") or ():
+                    alive.setdefault(queue, []).append(str(worker.get("worker")))
         try:
             ops = self.queue_ops()
             depths = ops.depths(list(groups))
@@ -272,12 +276,12 @@ class Fleet:
         return replace(snap, queues=rows, broker_ok=True)
 
     def _queue_row(self, name: str, held: list[str], depth: int | None, age: float | None,
-                   alive: list[dict[str, Any]], live: frozenset[str]) -> dict[str, Any]:
-        """A broker queue ``name`` holding the (logical) queues ``held``."""
+                   alive: Mapping[str, list[str]], live: frozenset[str]) -> dict[str, Any]:
+        """A broker queue ``name`` holding the (logical) queues ``held``; ``alive``: queue
+        -> the live workers serving it."""
         parts = parse_tier_queue(held[0])
         is_default = name == self.default_queue
-        consumers = sorted(str(w.get("worker")) for w in alive
-                           if set(held) & set(w.get("queues") or ()))
+        consumers = sorted({w for q in held for w in alive.get(q, ())})
         served = any(q in live for q in held)
         return {
             "queue": name,

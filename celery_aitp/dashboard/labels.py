@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from celery_aitp.policy import Policy, Stage
+from celery_aitp.policy import Policy, Stage, TenantNames
 
 OTHER = "other"
 NONE = "none"
 ALL = "all"
 MAX_FREE_VALUES = 64
+#: Distinct tenant label values at most (besides 'other' and 'none').
+MAX_TENANT_LABELS = 50
 MAX_LABEL_LEN = 80
 
 
@@ -25,7 +27,13 @@ class Bounds:
     """Maps raw values to bounded label values for one policy and app."""
 
     def __init__(self, policy: Policy, tasks: Iterable[str] = ()) -> None:
-        self.tenants = frozenset(policy.tenants)
+        # Tenants: the policy's when it lists at most MAX_TENANT_LABELS; beyond (thousands
+        # of tenants, or unlisted ones), the first ones seen up to that bound, for the
+        # process's life (counters must not hop between series), the rest 'other'.
+        many = len(policy.tenants) > MAX_TENANT_LABELS
+        self.tenants = frozenset({policy.default_tenant} if many else policy.tenants)
+        self._tenant_names = TenantNames(policy)
+        self._seen_tenants: set[str] = set()
         self.tiers = frozenset(policy.tier_names)
         self.accelerators = frozenset(policy.accelerators)
         self.stages = frozenset(s.value for s in Stage)
@@ -40,7 +48,16 @@ class Bounds:
         return text if text in allowed else OTHER
 
     def tenant(self, value: Any) -> str:
-        return self._closed(value, self.tenants)
+        if value is None or value == "":
+            return NONE
+        text = str(value)
+        if text in self.tenants or text in self._seen_tenants:
+            return text
+        if text in self._tenant_names and \
+                len(self.tenants) + len(self._seen_tenants) < MAX_TENANT_LABELS:
+            self._seen_tenants.add(text)
+            return text
+        return OTHER
 
     def tier(self, value: Any) -> str:
         return self._closed(value, self.tiers)

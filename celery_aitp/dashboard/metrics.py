@@ -103,6 +103,9 @@ class FleetCollector:
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
+        #: The window's samples for the last snapshot: scrapes between two refreshes of
+        #: the snapshot reuse them (the window pages read every record in the window).
+        self._window_cache: tuple[Any, list[tuple[str, tuple[str, ...], float]]] = (None, [])
 
     def describe(self) -> list[Metric]:
         """Every family, empty: the registry learns the names, so ``?name[]=`` filters."""
@@ -111,11 +114,19 @@ class FleetCollector:
     def collect(self) -> Iterator[Metric]:
         fleet = self.fleet
         snap = fleet.snapshot()
-        fams = {name: _family(name) for name in METRICS}
+        fams: dict[str, Any] = {name: _family(name) for name in METRICS}
         self._decisions(fams, snap.counters)
         self._queues(fams, snap.queues)
         self._runs(fams)
-        self._window(fams, snap)
+        cached_for, samples = self._window_cache
+        if cached_for is not snap:
+            window = {name: _family(name) for name in METRICS}
+            self._window(window, snap)
+            samples = [(name, tuple(sample.labels.values()), sample.value)
+                       for name, family in window.items() for sample in family.samples]
+            self._window_cache = (snap, samples)
+        for name, labels, value in samples:
+            fams[name].add_metric(labels, value)
         self._state(fams, snap)
         yield from fams.values()
 
@@ -140,14 +151,15 @@ class FleetCollector:
 
     def _queues(self, fams: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         b = self.fleet.bounds
-        for q in rows:
+        shown, other = pages.top_queues(rows)  # bounded: the rest in one 'other' series
+        for q in shown + ([other] if other else []):
             if q.get("depth") is None:
                 continue
-            labels = b.queue_labels(q)
+            labels = b.queue_labels(q) if q is not other else (pages.OTHER_QUEUES,) * 5
             fams["aitp_queue_depth"].add_metric(labels, q["depth"])
             fams["aitp_queue_oldest_age_seconds"].add_metric(labels, q.get("oldest_age_s") or 0.0)
             fams["aitp_queue_consumers"].add_metric(labels, len(q.get("consumers") or ()))
-            if q["kind"] == "tier":
+            if q["kind"] == "tier" or q is other:
                 fams["aitp_queue_orphaned"].add_metric((q["queue"],), 1.0 if q["orphaned"] else 0.0)
 
     def _runs(self, fams: dict[str, Any]) -> None:
@@ -175,11 +187,16 @@ class FleetCollector:
             fams["aitp_prediction_error_seconds"].add_metric(
                 (task,), sum(k * v for k, v in items) / n)
         ten = pages.tenants(snap, fleet.policy, fleet.window_s)
-        for row in ten["tenants"]:
-            if row["known"]:
-                fams["aitp_tenant_share_ratio"].add_metric((row["tenant"],), row["share"])
-                fams["aitp_tenant_fair_share_ratio"].add_metric((row["tenant"],),
-                                                                row["fair_share"] or 0.0)
+        share: dict[str, float] = {}
+        fair: dict[str, float] = {}
+        for row in ten["tenants"]:  # at most MAX_TENANT_ROWS, the rest in one 'other' row
+            if row["known"] or row["tenant"] == pages.OTHER_TENANTS:
+                label = b.tenant(row["tenant"])
+                share[label] = share.get(label, 0.0) + row["share"]
+                fair[label] = fair.get(label, 0.0) + (row["fair_share"] or 0.0)
+        for label in share:
+            fams["aitp_tenant_share_ratio"].add_metric((label,), share[label])
+            fams["aitp_tenant_fair_share_ratio"].add_metric((label,), fair[label])
         if ten["fairness_index"] is not None:
             fams["aitp_fairness_index"].add_metric((), ten["fairness_index"])
         if ten["priority_entropy"] is not None:

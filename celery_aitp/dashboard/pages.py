@@ -95,6 +95,37 @@ def _health(snap: Snapshot) -> dict[str, Any]:
             "broker_ok": snap.broker_ok, "broker_error": snap.broker_error}
 
 
+#: Rows of the tenants page (and tenant label values of /metrics) at most; the rest are
+#: summed into one ``other`` row, so the page stays small with thousands of tenants.
+MAX_TENANT_ROWS = 50
+OTHER_TENANTS = "other"
+
+
+def top_tenants(names: list[str], runtime: Mapping[str, float],
+                runs: Mapping[str, int]) -> tuple[list[str], list[str]]:
+    """(tenants shown, tenants summed into ``other``): all of them up to
+    ``MAX_TENANT_ROWS``, else the busiest by runtime then runs, in their original order."""
+    if len(names) <= MAX_TENANT_ROWS:
+        return names, []
+    busiest = sorted(names, key=lambda t: (-runtime.get(t, 0.0), -runs.get(t, 0)))
+    shown = set(busiest[:MAX_TENANT_ROWS - 1])
+    return [t for t in names if t in shown], [t for t in names if t not in shown]
+
+
+def other_tenants_row(names: list[str], runs: Mapping[str, int], runtime: Mapping[str, float],
+                      shares: Mapping[str, float], fair: Mapping[str, float | None],
+                      tiers: tuple[str, ...]) -> dict[str, Any]:
+    """The tenants beyond the top rows, summed."""
+    return {
+        "tenant": OTHER_TENANTS, "known": False, "weight": None, "max_tier": None,
+        "tenants": len(names), "runs": sum(runs.get(t, 0) for t in names),
+        "runtime_s": sum(runtime.get(t, 0.0) for t in names),
+        "share": sum(shares.get(t, 0.0) for t in names),
+        "fair_share": sum(fair.get(t) or 0.0 for t in names),
+        "wait": {tier: summary([]) for tier in tiers},
+    }
+
+
 def tenants(snap: Snapshot, policy: Policy, window_s: float) -> dict[str, Any]:
     runtime: dict[str, float] = defaultdict(float)
     runs: Counter[str] = Counter()
@@ -108,13 +139,20 @@ def tenants(snap: Snapshot, policy: Policy, window_s: float) -> dict[str, Any]:
         wait = number(r.get("wait_s"))
         if wait is not None and isinstance(r.get("tier"), str):
             waits[tenant][r["tier"]].append(wait)
+    active = [t for t in runtime if runtime[t] > 0]
     weights = {name: spec.weight for name, spec in policy.tenants.items()}
+    for name in active:
+        spec = policy.tenant_spec(name) if name not in weights else None
+        if spec is not None:  # an unlisted tenant of a class: the class's weight
+            weights[name] = spec.weight
     shares = work.work_shares(runtime)
-    fair = work.fair_shares(weights, [t for t in runtime if runtime[t] > 0])
+    fair = work.fair_shares(weights, active)
     scheduler = snap.fair_share
     rows = []
-    for name in list(policy.tenants) + sorted(set(runs) - set(policy.tenants)):
-        spec = policy.tenants.get(name)
+    names = list(policy.tenants) + sorted(set(runs) - set(policy.tenants))
+    names, others = top_tenants(names, runtime, runs)
+    for name in names:
+        spec = policy.tenant_spec(name)
         rows.append({
             "tenant": name, "known": spec is not None,
             "weight": spec.weight if spec else None,
@@ -123,6 +161,8 @@ def tenants(snap: Snapshot, policy: Policy, window_s: float) -> dict[str, Any]:
             "share": shares.get(name, 0.0), "fair_share": fair.get(name),
             "wait": {tier: summary(waits[name].get(tier, [])) for tier in policy.tier_names},
         })
+    if others:
+        rows.append(other_tenants_row(others, runs, runtime, shares, fair, policy.tier_names))
     return {
         "at": snap.at, "window_s": window_s, "tenants": rows, "tiers": list(policy.tier_names),
         # the scheduler's figures (celery_aitp.fairness over decayed usage), not a second
@@ -134,12 +174,38 @@ def tenants(snap: Snapshot, policy: Policy, window_s: float) -> dict[str, Any]:
     }
 
 
+#: Queue rows of the queues page (and queue series of /metrics) at most: the default
+#: queue, then orphaned and deepest first; the rest summed into one ``other`` row.
+MAX_QUEUE_ROWS = 100
+OTHER_QUEUES = "other"
+
+
+def top_queues(rows: list[dict[str, Any]], limit: int = MAX_QUEUE_ROWS
+               ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(rows shown, the rest summed into one row, or None when all are shown)."""
+    if len(rows) <= limit:
+        return rows, None
+    ranked = sorted(rows, key=lambda q: (q.get("kind") != "default", not q.get("orphaned"),
+                                         -(q.get("depth") or 0), str(q.get("queue"))))
+    shown, rest = ranked[:limit - 1], ranked[limit - 1:]
+    ages = [q["oldest_age_s"] for q in rest if isinstance(q.get("oldest_age_s"), (int, float))]
+    depths = [q["depth"] for q in rest if isinstance(q.get("depth"), int)]
+    other: dict[str, Any] = {
+        "queue": OTHER_QUEUES, "kind": "other", "tenant": None, "accelerator": None,
+        "tier": None, "queues": len(rest), "depth": sum(depths) if depths else None,
+        "oldest_age_s": max(ages) if ages else None, "consumers": [],
+        "live": None, "orphaned": any(q.get("orphaned") for q in rest)}
+    return shown, other
+
+
 def queues(snap: Snapshot, default_queue: str) -> dict[str, Any]:
     rows = snap.queues
     depths = [q["depth"] for q in rows if isinstance(q.get("depth"), int)]
+    shown, other = top_queues(rows)
     return {"at": snap.at, "health": _health(snap), "default_queue": default_queue,
-            "queues": rows, "total_depth": sum(depths) if depths else None,
-            "orphaned": [q["queue"] for q in rows if q.get("orphaned")],
+            "queues": shown + ([other] if other else []),
+            "total_depth": sum(depths) if depths else None,
+            "orphaned": [q["queue"] for q in rows if q.get("orphaned")][:MAX_QUEUE_ROWS],
             "spill": snap.spill}
 
 

@@ -61,7 +61,7 @@ def default_stages(policy: Policy, profile_refresh_s: float = 10.0,
         **prediction_stages(clock),
         "profile": ProfileStage(policy, profile_refresh_s, wall),
         "priority": PriorityStage(policy, wall),
-        "route": RouteStage(),
+        "route": RouteStage(policy),
         "gate": GateStage(),
         **extra,
     }

@@ -71,6 +71,10 @@ class _Static:
         self.notes = notes
 
 
+#: Share of one core a process's fair-share usage re-reads may take (see UsageSource).
+USAGE_READ_BUDGET = 0.05
+
+
 class PriorityStage:
     """Fills ``tier``, ``score`` (the urgency), ``factors`` and ``tier_steps``; charges
     fair-share usage and the size histogram."""
@@ -79,7 +83,9 @@ class PriorityStage:
 
     def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:
         self.policy = policy
-        self.usage = UsageSource(policy, clock)
+        # In real time (not a replay's simulated clock) the usage re-reads keep to a budget.
+        self.usage = UsageSource(policy, clock,
+                                 USAGE_READ_BUDGET if clock is time.time else None)
         self.sizes = SizeSource(policy.placement, len(policy.tiers), clock)
         self.sources = (self.usage, self.sizes, BoostSource(policy))
         self.keyed_sources = (USAGE_SOURCE,)  # read through memo_key only
@@ -97,6 +103,11 @@ class PriorityStage:
         self.sla_range = (min(slas), max(slas))
         self.tier_sla = {t.name: t.sla_s for t in policy.tiers}
         self.tenant_sla = {t: s.sla_s for t, s in policy.tenants.items()}
+        # Tenants the policy does not list have their class's cap and SLA (the default
+        # tenant's otherwise: TenantStage gives them no other name).
+        unlisted = policy.tenant_spec("") or policy.tenants[policy.default_tenant]
+        self.unlisted_cap = self.rank[unlisted.max_tier] if unlisted.max_tier else 0
+        self.unlisted_sla = unlisted.sla_s
         self.default_floor = (self.rank[policy.default_tier]
                               if policy.default_tier is not None else None)
         self.labels = dict(policy.labels)
@@ -128,7 +139,7 @@ class PriorityStage:
         declared = request.declared
         notes: list[str] = []
         floor = self.default_floor
-        sla: float | None = self.tenant_sla.get(tenant)
+        sla: float | None = self.tenant_sla.get(tenant, self.unlisted_sla)
         wanted = declared.get("tier")
         if wanted is not None:
             rank = self.rank.get(wanted) if isinstance(wanted, str) else None
@@ -149,7 +160,7 @@ class PriorityStage:
                                     p.memory_scale_mb, p.cpu_scale_cores)
         if p.favor_small:
             resources = 1.0 - resources
-        cap = self.cap.get(tenant, 0)
+        cap = self.cap.get(tenant, self.unlisted_cap)
         factors = {"tenant": tenant_factor(cap, len(self.names)),
                    "sla": sla_factor(sla, *self.sla_range), "impact": impact,
                    "resources": resources}

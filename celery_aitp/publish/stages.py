@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from celery_aitp.core.request import Decision, Request
 from celery_aitp.core.view import View
-from celery_aitp.policy import Policy, SplitSettings, Stage
+from celery_aitp.policy import Policy, SplitSettings, Stage, TenantNames
 from celery_aitp.publish.split import SplitRule, arm_key, split_bucket
 from celery_aitp.queues import tier_queue_name
 
@@ -52,14 +52,24 @@ class TenantStage:
     name = "tenant"
 
     def __init__(self, policy: Policy, producer_tenant: str | None = None) -> None:
-        self.tenants = frozenset(policy.tenants)
-        if producer_tenant is not None and producer_tenant not in self.tenants:
+        self.tenants = TenantNames(policy)
+        if producer_tenant is not None and producer_tenant not in policy.tenants:
             raise ValueError(f"producer_tenant: {producer_tenant!r} is not in the policy's "
                              "tenants")
         self.claimable = frozenset((producer_tenant,)) if producer_tenant is not None else \
             frozenset(name for name, spec in policy.tenants.items() if spec.trusted_header)
+        #: A header may name a tenant the policy does not list (``unlisted_tenants``).
+        unlisted = policy.tenant_spec("") if policy.unlisted_tenants else None
+        self.claim_unlisted = producer_tenant is None and unlisted is not None and \
+            unlisted.trusted_header
+        self.unlisted_class = policy.unlisted_tenants
         self.default = producer_tenant or policy.default_tenant
         self.kwarg = policy.tenant_kwarg
+        #: Tenants of a class are counted under it (``decisions:...`` counters): the
+        #: store's counters grow with queue owners, not with tenants.
+        self.counted_as = {t: spec.tenant_class for t, spec in policy.tenants.items()
+                           if spec.tenant_class is not None}
+        self.default_counted = self.counted_as.get(self.default)
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         raw: Any = request.headers.get("aitp_tenant")
@@ -67,9 +77,14 @@ class TenantStage:
             raw = request.kwargs.get(self.kwarg)
         if raw is None and request.parent_tenant is None:  # the common case, at once
             decision.tenant = self.default
+            decision.counter_tenant = self.default_counted
             return
         tenant, note = self.resolve(raw, request.parent_tenant)
         decision.tenant = tenant
+        if self.counted_as:
+            decision.counter_tenant = self.counted_as.get(tenant)
+        if self.unlisted_class is not None and tenant not in self.tenants.listed:
+            decision.counter_tenant = self.unlisted_class
         if note is not None:
             decision.notes.append(note)
 
@@ -86,18 +101,37 @@ class TenantStage:
             return raw, None
         if not isinstance(raw, str) or len(raw) > MAX_TENANT_LEN:
             return self.default, "tenant_invalid"
-        if raw in self.tenants:
+        if raw in self.tenants.listed:
             return self.default, "tenant_refused"
+        if raw in self.tenants:  # a valid name the policy does not list
+            return (raw, None) if self.claim_unlisted else (self.default, "tenant_refused")
         return self.default, "tenant_unknown"
 
 
 class RouteStage:
-    """The tier queue for (tenant, accelerator, tier), if some live worker serves it."""
+    """The tier queue for (tenant, accelerator, tier), if some live worker serves it.
+
+    A tenant of a class (``tenant_class``, or not listed with ``unlisted_tenants`` set)
+    uses its class's queues: ``aitp.<class>.<accelerator>.<tier>``.
+    """
 
     name = "route"
 
+    def __init__(self, policy: Policy | None = None) -> None:
+        self.policy = policy
+        self._owner: dict[str, str] = {}
+
+    def owner(self, tenant: str) -> str:
+        owner = self._owner.get(tenant)
+        if owner is None:
+            owner = self.policy.queue_owner(tenant) if self.policy is not None else tenant
+            if len(self._owner) > 100_000:  # unlisted tenants are open-ended
+                self._owner.clear()
+            self._owner[tenant] = owner
+        return owner
+
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
-        queue = tier_queue_name(decision.tenant, decision.accelerator, decision.tier)
+        queue = tier_queue_name(self.owner(decision.tenant), decision.accelerator, decision.tier)
         decision.queue = queue
         if not view.fresh:
             decision.fall_back("store_unreachable")

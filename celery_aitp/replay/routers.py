@@ -77,7 +77,7 @@ def policy_workers(policy: Policy, slots: Mapping[str, int], default_queue: str,
     workers = []
     for accelerator, n in slots.items():
         queues = [tier_queue_name(tenant, accelerator, tier)
-                  for tier in policy.tier_names for tenant in policy.tenants]
+                  for tier in policy.tier_names for tenant in policy.queue_owners()]
         if accelerator == policy.default_accelerator:
             queues.append(default_queue)
         workers.append(SimWorker(accelerator, accelerator, queues, n, strategy))

@@ -42,11 +42,20 @@ def usage_key(store: RedisStore) -> str:
 def demoted_tenants(usage: Mapping[str, float], weights: Mapping[str, float],
                     tolerance: float, min_active_share: float) -> tuple[frozenset[str],
                                                                          dict[str, float]]:
-    """Tenants above their weighted share, and each active tenant's fair share."""
+    """Tenants above their weighted share, and each active tenant's fair share.
+
+    A tenant below ``min_active_share`` of the total does not count as active (a trickle
+    must not make a lone heavy user look unfair), unless such small tenants together
+    reach that share: a thousand customers at 0.1% each are real demand.
+    """
     total = sum(u for t, u in usage.items() if t in weights and u > 0)
     if total <= 0:
         return frozenset(), {}
-    active = [t for t, u in usage.items() if t in weights and u / total >= min_active_share]
+    using = [t for t, u in usage.items() if t in weights and u > 0]
+    active = [t for t in using if usage[t] / total >= min_active_share]
+    small = sum(usage[t] for t in using) - sum(usage[t] for t in active)
+    if small / total >= min_active_share:
+        active = using
     weight_sum = sum(weights[t] for t in active)
     fair = {t: weights[t] / weight_sum for t in active}
     if len(active) < 2:
@@ -80,8 +89,10 @@ class UsageSnapshot:
                 groups[kind][key] = value
         predicted, observed = groups["p"], groups["o"]
         usage = {t: max(predicted.get(t, 0.0), observed.get(t, 0.0))
-                 for t in set(predicted) | set(observed) if t in policy.tenants}
+                 for t in set(predicted) | set(observed) if policy.tenant_spec(t) is not None}
         weights = {t: spec.weight for t, spec in policy.tenants.items()}
+        for tenant in usage.keys() - weights.keys():  # unlisted tenants: their class's
+            weights[tenant] = _unlisted_weight(policy)
         fs = policy.fair_share
         demoted, fair = demoted_tenants(usage, weights, fs.tolerance, fs.min_active_share)
         if not fs.enabled:
@@ -137,6 +148,15 @@ class UsageStore:
         if amounts:
             self.sums.add(pipe, self.key, amounts, now, self.half_life_s)
 
+    def add(self, amounts: Mapping[str, float], now: float) -> None:
+        """Add a batch without reading the hash back."""
+        if not amounts:
+            return
+        with translated_errors():
+            pipe = self.store.client.pipeline(transaction=False)
+            self.queue_add(pipe, amounts, now)
+            pipe.execute()
+
     def add_and_read(self, amounts: Mapping[str, float], now: float) -> dict[str, float]:
         """Add a batch and read the whole hash back, in one round trip."""
         with translated_errors():
@@ -164,11 +184,17 @@ class UsageSource:
     name = USAGE_SOURCE
     initial = UsageSnapshot()
 
-    def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, policy: Policy, clock: Callable[[], float] = time.time,
+                 read_budget: float | None = None) -> None:
         self.policy = policy
         self.clock = clock
         self.pending: deque[tuple[str, str, float]] = deque(maxlen=PENDING_LIMIT)
         self._carry: dict[str, float] = {}  # a batch the store did not take last time
+        #: Share of a core the hash re-reads may take (None: every round). The hash has a
+        #: few fields per active tenant: with thousands, reading it every round would cost
+        #: each process a good part of a core; between reads the batches still ship.
+        self.read_budget = read_budget
+        self._next_read = 0.0
 
     def drain(self) -> dict[str, float]:
         """Sum what was published since the last round into usage-hash increments."""
@@ -185,9 +211,22 @@ class UsageSource:
         now = self.clock()
         amounts = self.drain()
         usage = UsageStore(store, self.policy.fair_share.half_life_s)
+        started = time.monotonic()
+        reread = self.read_budget is None or started >= self._next_read
         try:
+            if not reread:
+                usage.add(amounts, now)
+                return previous
             values = usage.add_and_read(amounts, now)
         except Exception:
             self._carry = amounts  # sent with the next round (a sum: bounded in size)
             raise
-        return UsageSnapshot.from_values(values, now, self.policy)
+        snapshot = UsageSnapshot.from_values(values, now, self.policy)
+        if self.read_budget is not None:
+            self._next_read = started + (time.monotonic() - started) / self.read_budget
+        return snapshot
+
+
+def _unlisted_weight(policy: Policy) -> float:
+    spec = policy.tenant_spec("")
+    return spec.weight if spec is not None else 1.0

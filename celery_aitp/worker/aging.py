@@ -105,7 +105,7 @@ class AgingPlan:
         #: A message published from now on is due no earlier than this many seconds.
         self.min_age = min(ages.values(), default=math.inf)
         self.selectors: dict[str, tuple[int, dict[int, float]]] = {}
-        groups = physical_of_all(layout, policy.tenants, policy.accelerators,
+        groups = physical_of_all(layout, policy.queue_owners(), policy.accelerators,
                                  policy.tier_names)
         for physical in groups:
             tenant, accelerator = physical.split(".")[1:3]

@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 
 WORKER_OPTIONS = (
     click.Option(["--aitp-tenant"], multiple=True,
-                 help="Serve this tenant's tier queues (repeat, comma-separate, or '*' for all)."),
+                 help="Serve this tenant's (or tenant class's) tier queues (repeat, "
+                      "comma-separate, or '*' for all)."),
     click.Option(["--aitp-accelerator"], default=None,
                  help="Accelerator class this worker provides (default: the policy's default)."),
     click.Option(["--aitp-tiers"], default=None,
@@ -77,13 +78,20 @@ def _split(values: Any) -> list[str]:
 
 
 def _parse_tenants(policy: Policy, values: Any) -> list[str]:
+    """Owners of the tier queues to serve: tenants with queues of their own and tenant
+    classes (whose queues every tenant of the class shares); ``*``: all of them."""
     names = _split(values)
+    owners = policy.queue_owners()
     if "*" in names:
-        return list(policy.tenants)
-    unknown = [n for n in names if n not in policy.tenants]
+        return list(owners)
+    shared = [f"{n} (shares the queues of class {policy.queue_owner(n)!r}: serve that)"
+              for n in names if n in policy.tenants and n not in owners]
+    if shared:
+        raise PolicyError(f"--aitp-tenant: {', '.join(shared)}")
+    unknown = [n for n in names if n not in owners]
     if unknown:
         raise PolicyError(f"--aitp-tenant: unknown tenant(s) {', '.join(unknown)} "
-                          f"(policy tenants: {', '.join(policy.tenants)})")
+                          f"(policy tenants and classes: {', '.join(owners)})")
     return list(dict.fromkeys(names))
 
 
@@ -96,6 +104,29 @@ def _parse_tiers(policy: Policy, value: str | None) -> list[str]:
         raise PolicyError(f"--aitp-tiers: unknown tier(s) {', '.join(unknown)} "
                           f"(policy tiers: {', '.join(policy.tier_names)})")
     return [t for t in policy.tier_names if t in names]  # always highest first
+
+
+def refuse_quorum_queues(app: Any, driver: str) -> None:
+    """A tier worker on RabbitMQ refuses quorum queues among its app's queues.
+
+    Tier queues are classic priority queues (``x-max-priority``; quorum queues know two
+    priorities only). And once Celery finds a quorum queue (``task_default_queue_type``
+    ``quorum``, or a queue declared with ``x-queue-type: quorum``), it switches the worker
+    to per-consumer QoS: a prefetch per queue instead of per channel, so a worker reading
+    many tier queues could hold a lower-tier message while a higher one waits.
+    """
+    if driver != "amqp":
+        return
+    from celery.utils.quorum_queues import detect_quorum_queues
+
+    found, name = detect_quorum_queues(app, driver)
+    if found:
+        raise PolicyError(
+            f"--aitp-tenant on RabbitMQ: queue {name!r} is a quorum queue; tier queues are "
+            "classic priority queues and tier order needs one prefetch per channel, which "
+            "Celery gives up with quorum queues. Run tier workers for an app whose queues "
+            "are classic (task_default_queue_type='classic'), or serve the quorum queues "
+            "from workers without --aitp-tenant.")
 
 
 class AitpWorkerStep(bootsteps.StartStopStep):
@@ -113,6 +144,8 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         self.plan = WorkerPlan(policy, aitp_tenant, aitp_accelerator, aitp_tiers,
                                aitp_no_default_queue)
         self.store_configured = self._check_store(app)
+        if self.plan.enabled:
+            refuse_quorum_queues(app, self.middleware.broker_driver)
         self.hostname = worker.hostname
         self.concurrency = getattr(worker, "concurrency", None) or 1
         self._occupancy: Any = None

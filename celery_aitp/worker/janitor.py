@@ -55,12 +55,28 @@ class BrokerQueuePass:
 
 
 class Janitor(BrokerQueuePass):
-    """Finds orphaned tier queues and drains them into the default queue."""
+    """Finds orphaned tier queues and drains them into the default queue.
+
+    Cost per pass follows the owners of queues (tenants with queues of their own, and
+    tenant classes), not the number of tenants: with classes, thousands of tenants cost
+    a few queues. Classed tenants' former queues are looked at in this process's first
+    pass only: a policy takes effect when workers restart, so the first pass after the
+    change drains them (and ``celery aitp evacuate`` does on demand).
+    """
+
+    _former_swept = False
 
     def known_queues(self) -> list[str]:
         """Every logical tier queue the policy can produce."""
         policy = self.middleware.policy
-        return all_tier_queues(policy.tenants, policy.accelerators, policy.tier_names)
+        return all_tier_queues(policy.queue_owners(), policy.accelerators, policy.tier_names)
+
+    def former_queues(self) -> list[str]:
+        """Queues of their own of listed tenants that now share a class's: nothing routes
+        there any more, but messages from before the policy change may wait."""
+        policy = self.middleware.policy
+        classed = [t for t, spec in policy.tenants.items() if spec.tenant_class is not None]
+        return all_tier_queues(classed, policy.accelerators, policy.tier_names)
 
     def evacuate(self, queues: Iterable[str]) -> dict[str, int]:
         """Drain the broker queues holding ``queues`` (logical tier queue or broker queue
@@ -94,9 +110,13 @@ class Janitor(BrokerQueuePass):
         """
         store = self.middleware.store
         stage, _ = stage_from_doc(store.read_stage(), self.middleware.policy)
+        former = [] if self._former_swept else self.former_queues()
         if stage is Stage.COEXISTENCE:
-            return self.evacuate(self.known_queues())
-        return self.evacuate(self.orphaned(store.live_queues()))
+            moved = self.evacuate(self.known_queues() + former)
+        else:
+            moved = self.evacuate(self.orphaned(store.live_queues()) + former)
+        self._former_swept = True
+        return moved
 
     def run(self, stop: threading.Event) -> None:
         """Sweep every ``evacuate_interval_s`` until ``stop`` is set; one sweeper at a time."""

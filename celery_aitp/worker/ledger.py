@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery_aitp.errors import StoreError
-from celery_aitp.policy import Policy
+from celery_aitp.policy import Policy, TenantNames
 from celery_aitp.profiles.samples import fold, run_fields
 from celery_aitp.profiles.store import ProfileStore
 from celery_aitp.scheduling.feedback import WaitSink
@@ -49,6 +49,7 @@ class RunLedger:
         self._profiles: dict[str, dict[str, float]] = {}
         self._usage: dict[str, float] = {}
         self.waits = WaitSink(policy)  # what the feedback pass judges SLAs by
+        self.tenants = TenantNames(policy)  # listed, or unlisted when the policy takes them
 
     def add(self, record: Mapping[str, Any]) -> None:
         """Take one observation record (never raises on odd input)."""
@@ -68,7 +69,7 @@ class RunLedger:
                     return
                 batch = self._profiles[task] = {}
             fold(batch, fields)
-            if isinstance(tenant, str) and tenant in self.policy.tenants and runtime is not None:
+            if isinstance(tenant, str) and tenant in self.tenants and runtime is not None:
                 fold(self._usage, {f"o:{tenant}": runtime, f"r:{tenant}": 1.0})
 
     def take(self) -> tuple[dict[str, dict[str, float]], dict[str, float]]:

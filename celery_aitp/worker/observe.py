@@ -203,7 +203,7 @@ class Observer:
     def _header(self, request: Any) -> dict[str, Any]:
         """The checked ``aitp`` header; each rejected field counted and logged once."""
         mw = self.app.aitp
-        header, bad = checked_header(_raw_header(request), mw.policy.tenants)
+        header, bad = checked_header(_raw_header(request), mw.tenant_names)
         for name in bad:
             mw.counters.incr(f"rejected:aitp_header:{name}")
             if name not in self._reported:

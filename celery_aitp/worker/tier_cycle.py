@@ -82,7 +82,8 @@ class WeightPlan:
                 continue
             tenant, _, tier = parsed
             spec = policy.tenants.get(tenant)
-            share = spec.weight if spec else 1.0
+            shared = policy.tenant_classes.get(tenant)
+            share = spec.weight if spec else shared.queue_weight if shared else 1.0
             self.weights[queue] = tiers[tier] * share
             self.demoted[queue] = below[tier] * share
             self.tenants[queue] = tenant

@@ -148,3 +148,22 @@ def test_dashboard_shows_one_row_per_rabbitmq_queue_with_its_depth(store):
     assert acme["depth"] == 3 and acme["tier"] is None and acme["tenant"] == "acme"
     assert acme["live"] is True and acme["orphaned"] is False
     assert rows["aitp.globex.gpu"]["live"] is False
+
+
+def test_a_tier_worker_refuses_quorum_queues_with_the_reason():
+    app = Celery("quorum", broker="amqp://guest:guest@127.0.0.1:1//")
+    app.conf.task_default_queue_type = "quorum"
+    celery_aitp.install(app, policy=TEST_POLICY, store_url="redis://127.0.0.1:1/0")
+    worker = SimpleNamespace(app=app, hostname="w@test")
+    with pytest.raises(PolicyError, match="quorum queue.*classic priority queues"):
+        AitpWorkerStep(worker, aitp_tenant=("acme",))
+    AitpWorkerStep(worker)  # a standard worker of the same app keeps running
+
+
+def test_a_tier_worker_takes_classic_queues_on_rabbitmq():
+    from celery_aitp.worker.bootstep import refuse_quorum_queues
+
+    app = Celery("classic", broker="amqp://guest:guest@127.0.0.1:1//")
+    refuse_quorum_queues(app, "amqp")  # nothing raised
+    app.conf.task_default_queue_type = "quorum"
+    refuse_quorum_queues(app, "redis")  # only RabbitMQ has quorum queues

@@ -1,0 +1,257 @@
+"""Tenant classes: tenants sharing a bounded set of tier queues, and tenants the policy does
+not list getting an identity of their own (fair share, usage) under a class's defaults."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from celery_aitp.core.request import Request
+from celery_aitp.core.view import View
+from celery_aitp.errors import PolicyError
+from celery_aitp.policy import SplitSettings, Stage, TenantNames, parse_policy
+from celery_aitp.publish.pipeline import Pipeline, default_stages
+from celery_aitp.scheduling.size_classes import SizeClasses
+from celery_aitp.scheduling.usage import UsageSnapshot
+from celery_aitp.worker.bootstep import WorkerPlan
+from celery_aitp.worker.observe import checked_header
+from celery_aitp.worker.tier_cycle import WeightPlan
+from tests.conftest import TEST_POLICY
+
+#: acme has queues of its own; globex and every unlisted tenant share class 'std'.
+POLICY = parse_policy({
+    **TEST_POLICY,
+    "tenants": {"acme": {"max_tier": "hi", "weight": 2},
+                "globex": {"max_tier": "mid", "tenant_class": "std"},
+                "default": {"max_tier": "lo"}},
+    "tenant_classes": {"std": {"max_tier": "mid", "weight": 1, "queue_weight": 3},
+                       "closed": {"trusted_header": False}},
+    "unlisted_tenants": "std",
+})
+
+
+def live_view(live: frozenset[str], demoted: frozenset[str] = frozenset()) -> View:
+    sources = {"usage": UsageSnapshot(demoted=demoted), "sizes": SizeClasses()}
+    return View(live, Stage.TAKEOVER, SplitSettings(), True,
+                sources=MappingProxyType(sources))
+
+
+def decide(policy: Any, tenant: Any, declared: dict[str, Any] | None = None,
+           live: frozenset[str] | None = None) -> Any:
+    request = Request("t", "id", (), {}, {"aitp_tenant": tenant}, declared or {}, None,
+                      1000.0, 0)
+    queues = live if live is not None else frozenset(
+        WorkerPlan(policy, "*", None, None, False).queue_names())
+    return Pipeline(default_stages(policy)).decide(request, live_view(queues), 1000.0)
+
+
+def test_classes_are_validated_by_path() -> None:
+    bad = {**TEST_POLICY,
+           "tenants": {"default": {}, "std": {}, "a": {"tenant_class": "nope"}},
+           "tenant_classes": {"std": {"max_tier": "gold"}}, "unlisted_tenants": "gone"}
+    with pytest.raises(PolicyError) as err:
+        parse_policy(bad)
+    text = str(err.value)
+    for problem in ("tenant_classes.std.max_tier: unknown tier 'gold'",
+                    "tenant_classes.std: a tenant has this name",
+                    "tenants.a.tenant_class: unknown class 'nope'",
+                    "unlisted_tenants: unknown class 'gone'"):
+        assert problem in text
+
+
+def test_a_classed_or_unlisted_tenant_routes_to_its_class_queue_under_its_own_name() -> None:
+    own = decide(POLICY, "acme")
+    assert (own.tenant, own.queue, own.routed) == ("acme", "aitp.acme.cpu.lo", True)
+    listed = decide(POLICY, "globex")
+    assert (listed.tenant, listed.queue, listed.routed) == ("globex", "aitp.std.cpu.lo", True)
+    new = decide(POLICY, "newco")
+    assert (new.tenant, new.queue, new.routed) == ("newco", "aitp.std.cpu.lo", True)
+    assert new.notes == []
+
+
+def test_an_unlisted_tenant_is_capped_at_its_class_max_tier() -> None:
+    new = decide(POLICY, "newco", declared={"tier": "hi"})
+    assert new.tier == "mid" and new.queue == "aitp.std.cpu.mid"
+
+
+def test_without_unlisted_tenants_or_with_an_untrusted_class_they_get_the_default() -> None:
+    closed = parse_policy({**TEST_POLICY, "tenant_classes": {"c": {"trusted_header": False}},
+                           "unlisted_tenants": "c"})
+    refused = decide(closed, "newco")
+    assert (refused.tenant, refused.notes) == ("default", ["tenant_refused"])
+    today = decide(parse_policy(TEST_POLICY), "newco")
+    assert (today.tenant, today.notes) == ("default", ["tenant_unknown"])
+    invalid = decide(POLICY, "Not A Name")  # not queue-name safe: never an identity
+    assert (invalid.tenant, invalid.notes) == ("default", ["tenant_unknown"])
+
+
+def test_without_a_live_worker_for_the_class_the_task_falls_back() -> None:
+    alone = decide(POLICY, "newco", live=frozenset({"aitp.acme.cpu.lo"}))
+    assert not alone.routed and alone.reason == "no_live_worker"
+
+
+def test_workers_serve_owners_of_queues_and_refuse_a_tenant_that_shares_them() -> None:
+    everything = WorkerPlan(POLICY, "*", None, "lo", False)
+    assert everything.queue_names() == ["aitp.acme.cpu.lo", "aitp.default.cpu.lo",
+                                        "aitp.std.cpu.lo", "aitp.closed.cpu.lo"]
+    assert WorkerPlan(POLICY, "std", None, "lo", False).queue_names() == ["aitp.std.cpu.lo"]
+    with pytest.raises(PolicyError, match="globex \\(shares the queues of class 'std'"):
+        WorkerPlan(POLICY, "globex", None, None, False)
+    with pytest.raises(PolicyError, match="unknown tenant"):
+        WorkerPlan(POLICY, "newco", None, None, False)
+
+
+def test_a_class_queue_reads_with_the_class_queue_weight() -> None:
+    plan = WeightPlan(POLICY, ["aitp.acme.cpu.lo", "aitp.std.cpu.lo"])
+    assert plan.weights == {"aitp.acme.cpu.lo": 2.0, "aitp.std.cpu.lo": 3.0}
+
+
+def test_unlisted_tenants_have_their_own_fair_share() -> None:
+    values = {"p:acme": 10.0, "p:newco": 80.0, "p:other-co": 10.0}
+    snap = UsageSnapshot.from_values(values, 0.0, POLICY)
+    assert set(snap.usage) == {"acme", "newco", "other-co"}
+    assert snap.demoted == {"newco"}
+    closed = UsageSnapshot.from_values(values, 0.0, parse_policy(TEST_POLICY))
+    assert set(closed.usage) == {"acme"}  # the others are not tenants of that policy
+
+
+def test_records_keep_an_unlisted_tenant_only_when_the_policy_takes_them() -> None:
+    header, bad = checked_header({"tenant": "newco"}, TenantNames(POLICY))
+    assert header == {"tenant": "newco"} and bad == []
+    header, bad = checked_header({"tenant": "newco"}, TenantNames(parse_policy(TEST_POLICY)))
+    assert "tenant" not in header and bad == ["tenant"]
+
+
+def test_metrics_labels_and_tenant_rows_stay_bounded_with_many_tenants() -> None:
+    from celery_aitp.dashboard import pages
+    from celery_aitp.dashboard.fleet import Snapshot
+    from celery_aitp.dashboard.labels import MAX_TENANT_LABELS, OTHER, Bounds
+
+    many = parse_policy({**TEST_POLICY, "tenants": {f"t{i}": {} for i in range(200)}
+                         | {"default": {}}})
+    bounds = Bounds(many)
+    labels = {bounds.tenant(f"t{i}") for i in range(200)}
+    assert len(labels) == MAX_TENANT_LABELS and OTHER in labels
+    assert bounds.tenant("t0") == "t0" and bounds.tenant("t199") == OTHER  # sticky
+    assert Bounds(POLICY).tenant("newco") == "newco"  # unlisted, under the bound
+    runs = [{"tenant": f"t{i}", "runtime_s": float(i), "wait_s": 0.1, "tier": "lo"}
+            for i in range(200)]
+    page = pages.tenants(Snapshot(at=0.0, observations=runs), many, 300.0)
+    rows = page["tenants"]
+    assert len(rows) == pages.MAX_TENANT_ROWS
+    assert rows[-1]["tenant"] == pages.OTHER_TENANTS and rows[-1]["tenants"] == 201 - 49
+    assert {r["tenant"] for r in rows[:-1]} == {f"t{i}" for i in range(151, 200)}  # busiest
+    assert abs(sum(r["share"] for r in rows) - 1.0) < 1e-9  # nothing dropped
+
+
+def test_queue_rows_stay_bounded_and_the_rest_is_summed() -> None:
+    from celery_aitp.dashboard import pages
+
+    rows = [{"queue": "celery", "kind": "default", "depth": 1, "orphaned": False}]
+    rows += [{"queue": f"aitp.t{i}.cpu.lo", "kind": "tier", "depth": i % 7,
+              "oldest_age_s": float(i), "orphaned": i == 5} for i in range(300)]
+    shown, other = pages.top_queues(rows)
+    assert len(shown) + 1 == pages.MAX_QUEUE_ROWS and other is not None
+    assert [q["queue"] for q in shown[:2]] == ["celery", "aitp.t5.cpu.lo"]
+    assert sum(q["depth"] for q in shown) + other["depth"] == sum(q["depth"] for q in rows)
+    assert other["queues"] == 301 - len(shown) and other["oldest_age_s"] is not None
+    assert pages.top_queues(rows[:10]) == (rows[:10], None)
+
+
+def test_usage_rereads_keep_to_their_budget_and_batches_still_ship(store) -> None:
+    from celery_aitp.scheduling.usage import UsageSource, read_usage
+
+    source = UsageSource(POLICY, clock=lambda: 1000.0, read_budget=1e-9)  # one read only
+    source.pending.append(("newco", "lo", 5.0))
+    first = source.fetch(store, source.initial)
+    assert first.predicted == {"newco": 5.0}
+    source.pending.append(("acme", "lo", 7.0))
+    second = source.fetch(store, first)
+    assert second is first  # not re-read within the budget ...
+    assert read_usage(store, POLICY, 1000.0).predicted == {"newco": 5.0, "acme": 7.0}  # sent
+
+
+def test_workers_charge_observed_usage_to_unlisted_tenants(store) -> None:
+    from celery_aitp.scheduling.usage import read_usage
+    from celery_aitp.telemetry.counters import Counters
+    from celery_aitp.worker.ledger import RunLedger
+
+    ledger = RunLedger(POLICY, Counters(), clock=lambda: 1000.0)
+    ledger.add({"task": "t", "tenant": "newco", "runtime_s": 3.0})
+    ledger.add({"task": "t", "tenant": "Bad Name", "runtime_s": 9.0})
+    ledger.flush(store)
+    assert read_usage(store, POLICY, 1000.0).observed == {"newco": 3.0}
+
+
+def test_fair_share_at_a_thousand_tenants_of_one_class_demotes_only_the_flooder() -> None:
+    values = {f"p:c{i}": 1.0 for i in range(1000)} | {"p:c7": 400.0}
+    snap = UsageSnapshot.from_values(values, 0.0, POLICY)
+    assert snap.demoted == {"c7"}
+    flooded = decide_with_usage(POLICY, "c7", snap)
+    quiet = decide_with_usage(POLICY, "c8", snap)
+    assert (flooded.queue, quiet.queue) == ("aitp.std.cpu.lo", "aitp.std.cpu.mid")
+
+
+def decide_with_usage(policy: Any, tenant: str, snap: UsageSnapshot) -> Any:
+    request = Request("t", "id", (), {}, {"aitp_tenant": tenant}, {"tier": "mid"}, None,
+                      1000.0, 0)
+    queues = frozenset(WorkerPlan(policy, "*", None, None, False).queue_names())
+    view = View(queues, Stage.TAKEOVER, SplitSettings(), True,
+                sources=MappingProxyType({"usage": snap, "sizes": SizeClasses()}))
+    return Pipeline(default_stages(policy)).decide(request, view, 1000.0)
+
+
+def test_scrapes_between_two_snapshots_reuse_the_window_figures(store, monkeypatch) -> None:
+    from prometheus_client.exposition import generate_latest
+
+    from celery_aitp.dashboard import pages
+    from celery_aitp.dashboard.fleet import Fleet
+    from celery_aitp.dashboard.metrics import registry_for
+    from celery_aitp.stubs import MemoryQueueOps
+
+    ops = MemoryQueueOps()
+    fleet = Fleet(store, POLICY, "celery", lambda: ops, 10.0, refresh_s=3600, window_s=300)
+    calls = []
+    real = pages.predictions
+    monkeypatch.setattr(pages, "predictions", lambda snap: calls.append(1) or real(snap))
+    registry = registry_for(fleet)
+    first = generate_latest(registry)
+    assert generate_latest(registry) == first and len(calls) == 1
+    fleet.snapshot(max_age_s=0)  # a new snapshot: the window is read again
+    generate_latest(registry)
+    assert len(calls) == 2
+
+
+def test_tenants_of_a_class_are_counted_under_their_class() -> None:
+    new = decide(POLICY, "newco")
+    listed = decide(POLICY, "globex")
+    own = decide(POLICY, "acme")
+    assert new.counter() == "decisions:takeover:std:lo:cpu:routed"
+    assert listed.counter() == "decisions:takeover:std:lo:cpu:routed"
+    assert own.counter() == "decisions:takeover:acme:lo:cpu:routed"
+    assert (new.tenant, listed.tenant) == ("newco", "globex")  # their own names elsewhere
+
+
+def test_a_tenant_that_joined_a_class_leaves_nothing_in_its_former_queues(store) -> None:
+    from types import SimpleNamespace
+
+    from celery_aitp.layout import PerTierLayout
+    from celery_aitp.migration.control import stage_doc
+    from celery_aitp.stubs import MemoryQueueOps
+    from celery_aitp.telemetry.counters import Counters
+    from celery_aitp.worker.janitor import Janitor
+
+    ops = MemoryQueueOps()
+    ops.queues["aitp.globex.cpu.lo"].extend([(0.0, "a"), (1.0, "b")])  # before the class
+    middleware = SimpleNamespace(policy=POLICY, layout=PerTierLayout(), store=store,
+                                 default_queue="celery", counters=Counters())
+    store.write_stage(stage_doc(Stage.TAKEOVER, SplitSettings()), "me")
+    store.advertise("w", WorkerPlan(POLICY, "*", None, None, False).queue_names(), {}, 60)
+    janitor = Janitor(middleware, ops=ops)
+    assert "aitp.globex.cpu.lo" not in janitor.known_queues()  # not a queue of the policy
+    assert janitor.sweep() == {"aitp.globex.cpu.lo": 2}  # the first pass looks anyway
+    ops.queues["aitp.globex.cpu.lo"].append((2.0, "c"))
+    assert janitor.sweep() == {}  # later passes do not pay for thousands of tenants
+    assert [m for _, m in ops.queues["celery"]] == ["a", "b"]
