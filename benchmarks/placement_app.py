@@ -22,16 +22,9 @@ from typing import Any
 import redis
 from celery import Celery
 
+from benchmarks.bench_runs import MODES, RUNTIME_HEADER, results_key
 from benchmarks.placement_workloads import POLICY, TASK
 from celery_aitp.core.request import read_header
-
-MODES = ("fifo", "aitp", "oracle")
-RUNTIME_HEADER = "bench_runtime_s"
-
-
-def results_key(queue: str) -> str:
-    """Redis list where each finished task appends its timing record."""
-    return f"{queue}:runs"
 
 
 def policy_with(extra: str | None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from celery_aitp.policy import SplitSettings, Stage
 from celery_aitp.publish.split import split_bucket
 from celery_aitp.worker.janitor import Janitor
 from tests.conftest import TEST_POLICY
-from tests.support.live import wait_live
+from tests.support.live import running_producer, wait_live
 from tests.support.workers import ROOT
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -48,11 +48,7 @@ def test_a_stage_change_reaches_a_running_producer_and_prefork_children_in_2s(
     monkeypatch.setenv("AITP_TEST_REFRESH_INTERVAL", "1.0")  # the default interval
     set_stage(proj, Stage.COEXISTENCE)
     start_worker("prefork", "--aitp-tenant", "*", concurrency=2)
-    producer = subprocess.Popen([sys.executable, "-m", "tests.support.producer", "60"],
-                                env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=str(ROOT),
-                                stdout=subprocess.PIPE, text=True)
-    try:
-        assert producer.stdout is not None and producer.stdout.readline()  # it publishes
+    with running_producer() as published:
         warm = [proj.probe.delay(0.3) for _ in range(4)]
         assert {r.get(timeout=20)["stage"] for r in warm} == {"coexistence"}
         changed = cli("stage", "split", "--percent", "30", "--reason", "live switch test")
@@ -63,10 +59,6 @@ def test_a_stage_change_reaches_a_running_producer_and_prefork_children_in_2s(
             probes += [r.get(timeout=20) for r in [proj.probe.delay(0.2) for _ in range(2)]]
         steps = chain(proj.where.si(1), proj.where.si(2)).apply_async()
         step_two = steps.get(timeout=20)
-    finally:
-        producer.kill()  # by its pid; what it printed stays readable in the pipe
-        producer.wait()
-    published = [line.split() for line in producer.stdout.read().splitlines()]
     late = [p for p in probes if p["at"] > at + 2]
     assert len({p["pid"] for p in late}) == 2  # both pool children ran probes after 2 s...
     assert {p["stage"] for p in late} == {"split"}  # ...and both had followed

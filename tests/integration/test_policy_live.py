@@ -4,9 +4,6 @@ running worker without a restart (real Redis, real worker process)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -16,7 +13,7 @@ from click.testing import CliRunner
 
 from celery_aitp.policy_live import read_active
 from tests.conftest import TEST_POLICY
-from tests.support.live import wait_live
+from tests.support.live import running_producer, wait_live
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -69,18 +66,14 @@ def test_an_applied_policy_reaches_producer_and_worker_without_restart(deploymen
 
 def test_a_policy_change_reaches_a_running_producer_and_prefork_children_in_2s(
         proj, start_worker, monkeypatch, tmp_path):
-    from tests.integration.test_migration_stages import ROOT, cli
+    from tests.integration.test_migration_stages import cli
 
     monkeypatch.setenv("AITP_TEST_REFRESH_INTERVAL", "1.0")  # the default interval
     start_worker("prefork", "--aitp-tenant", "*", concurrency=2)
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(GLOBEX_HI))
     old = proj.app.aitp.policy_digest
-    producer = subprocess.Popen([sys.executable, "-m", "tests.support.producer", "60"],
-                                env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=str(ROOT),
-                                stdout=subprocess.PIPE, text=True)
-    try:
-        assert producer.stdout is not None and producer.stdout.readline()  # it publishes
+    with running_producer() as published:
         warm = [proj.probe.delay(0.3) for _ in range(4)]
         assert {r.get(timeout=20)["policy"] for r in warm} == {old}
         applied = cli("policy", "apply", str(path), "--reason", "live policy test")
@@ -91,10 +84,6 @@ def test_a_policy_change_reaches_a_running_producer_and_prefork_children_in_2s(
         probes: list[dict[str, Any]] = []
         while time.time() < at + 3.5:
             probes += [r.get(timeout=20) for r in [proj.probe.delay(0.2) for _ in range(2)]]
-    finally:
-        producer.kill()  # by its pid; what it printed stays readable in the pipe
-        producer.wait()
-    published = [line.split() for line in producer.stdout.read().splitlines()]
     late = [p for p in probes if p["at"] > at + 2]
     assert len({p["pid"] for p in late}) == 2  # both pool children ran probes after 2 s...
     assert {p["policy"] for p in late} == {new} != {old}  # ...and both had followed

@@ -1,10 +1,36 @@
 """Waiting in integration tests: for a condition, and for a worker's advertisement to
-reach the store and a producer's view."""
+reach the store and a producer's view; a producer process publishing meanwhile."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def running_producer(seconds: float = 60) -> Iterator[list[list[str]]]:
+    """``tests.support.producer`` publishing in its own process during the block; after
+    it, the list holds one ``[time, stage, policy digest]`` row per task it published."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.producer", str(seconds)],
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=str(ROOT),
+                            stdout=subprocess.PIPE, text=True)
+    published: list[list[str]] = []
+    try:
+        assert proc.stdout is not None and proc.stdout.readline()  # it publishes
+        yield published
+    finally:
+        proc.kill()  # by its pid; what it printed stays readable in the pipe
+        proc.wait()
+    assert proc.stdout is not None
+    published.extend(line.split() for line in proc.stdout.read().splitlines())
 
 
 def wait_for(predicate: Any, timeout: float, what: str) -> Any:

@@ -1,0 +1,13 @@
+"""What the benchmark apps' workers and their drivers agree on (no Celery app here, so
+importing it builds none): the app modes, the header carrying a task's true runtime, and
+the Redis list each finished task appends its timing record to."""
+
+from __future__ import annotations
+
+MODES = ("fifo", "aitp", "oracle")
+RUNTIME_HEADER = "bench_runtime_s"
+
+
+def results_key(queue: str) -> str:
+    """Redis list where each finished task appends its timing record."""
+    return f"{queue}:runs"
