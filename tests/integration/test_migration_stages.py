@@ -200,15 +200,20 @@ def ids_on_arm(routed: bool, n: int) -> list[str]:
     return ids
 
 
+def start_guard() -> subprocess.Popen[str]:
+    """``celery aitp guard`` in its own process (its output in ``stdout``)."""
+    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "tests.apps.proj", "aitp",
+                             "guard"], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
 def test_the_guard_rolls_back_a_routed_arm_that_misses_its_sla(guarded, proj, start_worker):
     set_stage(proj, Stage.COEXISTENCE)
     start_worker("slow", "--aitp-tenant", "acme", "--aitp-no-default-queue")  # one process
     start_worker("plain", pool="threads", concurrency=6)
     wait_live(proj, "aitp.acme.cpu.hi")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    guard = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tests.apps.proj", "aitp",
-                              "guard"], env=env, cwd=str(ROOT), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    guard = start_guard()
     try:
         store = proj.app.aitp.store
         deadline = time.monotonic() + 20
@@ -245,10 +250,7 @@ def test_the_guard_steps_a_failing_takeover_back_to_split(deployment, monkeypatc
     start_worker("slow", "--aitp-tenant", "acme", "--aitp-no-default-queue")  # one process
     start_worker("plain", pool="threads", concurrency=6)
     wait_live(proj, "aitp.acme.cpu.hi")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    guard = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tests.apps.proj", "aitp",
-                              "guard"], env=env, cwd=str(ROOT), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    guard = start_guard()
     store = proj.app.aitp.store
     try:
         deadline = time.monotonic() + 20
