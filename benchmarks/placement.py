@@ -459,8 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     stem = "placement-quick" if args.quick else "placement"
     (args.out / f"{stem}.md").write_text(md)
     doc = {
-        "command": "python benchmarks/placement.py " + " ".join(sys.argv[1:] if argv is None
-                                                                  else argv),
+        "command": "python benchmarks/placement.py " + " ".join(
+            Path(a).name if os.path.isabs(a) else a  # no path of the machine it ran on
+            for a in (sys.argv[1:] if argv is None else argv)),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_average_1m_before_after": (load_before, os.getloadavg()[0])},
         "config": {"duration_s": duration, "load": LOAD, "processes": SLOTS,
