@@ -65,9 +65,7 @@ class _Static:
         self.partial = partial  # their weighted sum
         self.floor = floor
         self.cap = cap
-        hint = declared.get("runtime_hint_s")
-        self.hint = hint if isinstance(hint, (int, float)) and not isinstance(hint, bool) \
-            and hint > 0 else None
+        self.hint = runtime_hint(declared)
         self.notes = notes
 
 
@@ -258,6 +256,14 @@ class PriorityStage:
             decision.notes.append("labels_ignored")
             return impact
         return max(impact, self._label_impact(raw, decision.notes, "labels_invalid"))
+
+
+def runtime_hint(declared: Mapping[str, Any]) -> float | None:
+    """The task's declared ``runtime_hint_s`` if it is a positive number, else None."""
+    hint = declared.get("runtime_hint_s")
+    if isinstance(hint, bool) or not isinstance(hint, (int, float)) or not hint > 0:
+        return None
+    return float(hint)
 
 
 def _size_of(decision: Decision, hint: float | None) -> float | None:

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery_aitp.cache import BoundedDict
 from celery_aitp.core.request import Decision, Request
 from celery_aitp.core.view import View
 from celery_aitp.policy import Policy
+from celery_aitp.publish.priority_stage import CACHE_LIMIT, runtime_hint
 from celery_aitp.publish.split import split_bucket
-from celery_aitp.queues import tier_queue_name
+from celery_aitp.queues import parse_tier_queue, tier_queue_name
 from celery_aitp.scheduling.feedback import sla_of
 from celery_aitp.scheduling.spill import NO_CAPACITY, SPILL_SOURCE, SpillSource
 
@@ -56,8 +58,8 @@ class SpillStage:
         self.margin = settings.sla_margin
         self.percent = 100.0 * settings.max_fraction
         self.alternatives = {cls: tuple(alts) for cls, alts in settings.alternatives.items()}
-        self._sla = {(tenant, tier): sla_of(policy, tenant, tier)
-                     for tenant in policy.tenants for tier in policy.tier_names}
+        self.policy = policy
+        self._sla: BoundedDict[tuple[str, str], float | None] = BoundedDict(CACHE_LIMIT)
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         capacity = view.sources.get(SPILL_SOURCE, NO_CAPACITY)
@@ -67,13 +69,14 @@ class SpillStage:
         if backlog is None:
             return
         accelerator = decision.accelerator
-        target = self._alternative(decision, capacity.open_queues, view.live_queues)
+        target = self._alternative(decision.queue or "", capacity.open_queues,
+                                   view.live_queues)
         if target is None and capacity.spill_class != accelerator:
             return  # nowhere that can run it
         runtime = decision.predicted_runtime_s
         if runtime is None:
-            runtime = _hint(request)
-        sla = self._sla.get((decision.tenant, decision.tier))
+            runtime = runtime_hint(request.declared)
+        sla = self._sla_of(decision.tenant, decision.tier or "")
         if runtime is None or not runtime > 0 or sla is None:
             return
         wait = backlog * runtime
@@ -93,14 +96,25 @@ class SpillStage:
             decision.fall_back(SPILL_REASON)
         decision.tier_steps = steps
 
-    def _alternative(self, decision: Decision, open_queues: frozenset[str],
+    def _sla_of(self, tenant: str, tier: str) -> float | None:
+        key = (tenant, tier)
+        if key in self._sla:
+            return self._sla[key]
+        return self._sla.put(key, sla_of(self.policy, tenant, tier))
+
+    def _alternative(self, queue: str, open_queues: frozenset[str],
                      live: frozenset[str]) -> tuple[str, str] | None:
-        """(class, queue): the first listed class whose queue for this tenant and tier is
-        live and open (empty, a worker idle); None if none is."""
-        for alt in self.alternatives.get(decision.accelerator, ()):
-            queue = tier_queue_name(decision.tenant, alt, decision.tier)
-            if queue in open_queues and queue in live:
-                return alt, queue
+        """(class, queue): the first class listed for ``queue``'s whose queue of the same
+        owner (the tenant, or its class) and tier is live and open (empty, a worker
+        idle); None if none is."""
+        parts = parse_tier_queue(queue)
+        if parts is None:
+            return None
+        owner, accelerator, tier = parts
+        for alt in self.alternatives.get(accelerator, ()):
+            other = tier_queue_name(owner, alt, tier)
+            if other in open_queues and other in live:
+                return alt, other
         return None
 
     def in_share(self, request: Request) -> bool:
@@ -114,10 +128,3 @@ class SpillStage:
             return ()
         return (self.in_share(request),)
 
-
-def _hint(request: Request) -> float | None:
-    """The task's declared ``runtime_hint_s``, if it is a positive number."""
-    hint = request.declared.get("runtime_hint_s")
-    if isinstance(hint, bool) or not isinstance(hint, (int, float)):
-        return None
-    return float(hint)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from celery_aitp.cache import BoundedDict
 from celery_aitp.core.request import Decision, Request
 from celery_aitp.core.view import View
 from celery_aitp.policy import Policy, SplitSettings, Stage, TenantNames
@@ -119,15 +120,13 @@ class RouteStage:
 
     def __init__(self, policy: Policy | None = None) -> None:
         self.policy = policy
-        self._owner: dict[str, str] = {}
+        self._owner: BoundedDict[str, str] = BoundedDict(100_000)  # unlisted: open-ended
 
     def owner(self, tenant: str) -> str:
         owner = self._owner.get(tenant)
         if owner is None:
-            owner = self.policy.queue_owner(tenant) if self.policy is not None else tenant
-            if len(self._owner) > 100_000:  # unlisted tenants are open-ended
-                self._owner.clear()
-            self._owner[tenant] = owner
+            owner = self._owner.put(tenant, self.policy.queue_owner(tenant)
+                                    if self.policy is not None else tenant)
         return owner
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:

@@ -60,7 +60,7 @@ def history_key(store: RedisStore) -> str:
 def sla_of(policy: Policy, tenant: str, tier: str) -> float | None:
     """The wait a run of ``tenant`` in ``tier`` should stay within, if any."""
     tier_sla = next((t.sla_s for t in policy.tiers if t.name == tier), None)
-    spec = policy.tenants.get(tenant)
+    spec = policy.tenant_spec(tenant)  # an unlisted tenant: its class's
     tenant_sla = spec.sla_s if spec is not None else None
     if tier_sla is None:
         return tenant_sla

@@ -321,3 +321,23 @@ def test_on_rabbitmq_each_tier_gets_its_broker_queues_depth(store: RedisStore) -
     assert reporter.depths() == {HI: 7, mid: 7} and ops.asked == [[physical]]
     standard_worker = OccupancyReporter(mw, "s@h", 1, "cpu", [], lambda: True, ops=ops)
     assert standard_worker.depths() == {} and len(ops.asked) == 1  # no broker round trip
+
+
+def test_an_unlisted_tenant_spills_by_its_class_sla_and_stays_in_its_class_queues() -> None:
+    """A tenant the policy does not list has its class's SLA, and its alternative queue is
+    the class's on the other accelerator, not one named after the tenant."""
+    policy = parse_policy({**TEST_POLICY,
+                           "tenant_classes": {"small": {"max_tier": "hi", "sla_s": 0.5}},
+                           "unlisted_tenants": "small",
+                           "spill": {"max_fraction": 1.0, "alternatives": {"cpu": ["gpu"]}}})
+    class_hi, class_gpu_hi = "aitp.small.cpu.hi", "aitp.small.gpu.hi"
+    stage = SpillStage(policy)
+    view = View(frozenset({class_hi, class_gpu_hi}), Stage.TAKEOVER, SplitSettings(), True,
+                sources=MappingProxyType({SPILL_SOURCE: Capacity(
+                    {class_hi: 2.0}, None, 0, open_queues=[class_gpu_hi])}))
+    # waits 2 x 0.3 = 0.6 s: within hi's 1 s, past the class's 0.5 s
+    request, decision = routed(p50=0.3, tenant="newcomer")
+    decision.queue = class_hi
+    stage(request, decision, view)
+    assert (decision.reason, decision.queue) == ("spill_class", class_gpu_hi)
+    assert decision.tier_steps["spill"]["sla_s"] == 0.5  # type: ignore[index]
