@@ -288,3 +288,10 @@ def record_json_of(head: str, task_id: str, body: str, decided_at: Any, origin_a
     origin_s = at_s if origin_at is decided_at else json_number(origin_at)
     return (f'{head},"task_id":{_quote(task_id)}{body},"decided_at":{at_s},'
             f'"origin_at":{origin_s}}}')
+
+
+def runtime_hint(declared: Mapping[str, Any]) -> float | None:
+    """The task's declared ``runtime_hint_s`` if it is a positive finite number, else None
+    (the prediction, placement and spill stages read it alike)."""
+    hint = finite_number(declared.get("runtime_hint_s"))
+    return hint if hint is not None and hint > 0 else None

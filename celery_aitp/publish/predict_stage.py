@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from celery_aitp.core.request import Decision, Request
+from celery_aitp.core.request import Decision, Request, runtime_hint
 from celery_aitp.core.view import View
 from celery_aitp.predict.drift import DRIFT_SOURCE, EMPTY_DRIFT, DriftSource
 from celery_aitp.predict.features import base_of
@@ -100,9 +100,9 @@ class PredictStage:
             found = history.task_estimates.get(request.task)
             source = "task_history"
         if found is None:
-            hint = request.declared.get("runtime_hint_s")
-            if (type(hint) is float or type(hint) is int) and hint > 0:
-                found, source = (float(hint), float(hint)), "hint"
+            hint = runtime_hint(request.declared)
+            if hint is not None:
+                found, source = (hint, hint), "hint"
         if found is not None:
             decision.predicted_runtime_s, decision.predicted_p90_s = found
             decision.prediction_source = source

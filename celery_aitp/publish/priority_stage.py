@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery_aitp.cache import BoundedDict
-from celery_aitp.core.request import Decision, Request
+from celery_aitp.core.request import Decision, Request, runtime_hint
 from celery_aitp.core.running import running_origin
 from celery_aitp.core.view import View
 from celery_aitp.policy import Policy
@@ -256,14 +256,6 @@ class PriorityStage:
             decision.notes.append("labels_ignored")
             return impact
         return max(impact, self._label_impact(raw, decision.notes, "labels_invalid"))
-
-
-def runtime_hint(declared: Mapping[str, Any]) -> float | None:
-    """The task's declared ``runtime_hint_s`` if it is a positive number, else None."""
-    hint = declared.get("runtime_hint_s")
-    if isinstance(hint, bool) or not isinstance(hint, (int, float)) or not hint > 0:
-        return None
-    return float(hint)
 
 
 def _size_of(decision: Decision, hint: float | None) -> float | None:

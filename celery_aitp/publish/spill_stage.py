@@ -30,10 +30,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery_aitp.cache import BoundedDict
-from celery_aitp.core.request import Decision, Request
+from celery_aitp.core.request import Decision, Request, runtime_hint
 from celery_aitp.core.view import View
 from celery_aitp.policy import Policy
-from celery_aitp.publish.priority_stage import CACHE_LIMIT, runtime_hint
+from celery_aitp.publish.priority_stage import CACHE_LIMIT
 from celery_aitp.publish.split import split_bucket
 from celery_aitp.queues import parse_tier_queue, tier_queue_name
 from celery_aitp.scheduling.feedback import sla_of

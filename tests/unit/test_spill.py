@@ -341,3 +341,11 @@ def test_an_unlisted_tenant_spills_by_its_class_sla_and_stays_in_its_class_queue
     stage(request, decision, view)
     assert (decision.reason, decision.queue) == ("spill_class", class_gpu_hi)
     assert decision.tier_steps["spill"]["sla_s"] == 0.5  # type: ignore[index]
+
+
+@pytest.mark.parametrize("hint", [True, "2", -1, 0, float("inf"), float("nan"), None])
+def test_only_a_positive_finite_runtime_hint_counts(hint: Any) -> None:
+    from celery_aitp.core.request import runtime_hint
+
+    assert runtime_hint({"runtime_hint_s": hint}) is None
+    assert runtime_hint({"runtime_hint_s": 2}) == 2.0
