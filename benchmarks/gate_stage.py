@@ -21,9 +21,9 @@ from fnmatch import fnmatchcase
 from celery_aitp.core.request import Decision, Request
 from celery_aitp.core.view import View
 from celery_aitp.policy import SplitSettings, Stage, parse_policy
+from celery_aitp.publish.gate_stage import GateStage
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.publish.split import split_bucket
-from celery_aitp.publish.stages import GateStage
 
 POLICY = parse_policy({
     "tiers": [{"name": "hi", "sla_s": 1}, {"name": "mid", "sla_s": 10},

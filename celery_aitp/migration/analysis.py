@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_aitp.policy import Policy
+from celery_aitp.publish.gate_stage import GATED_REASONS
 from celery_aitp.publish.spill_stage import SPILL_REASON
 from celery_aitp.publish.split import SplitRule
-from celery_aitp.publish.stages import GATED_REASONS
 
 #: Actual runtimes below this count as this much in relative errors (no division by ~0).
 REL_ERROR_FLOOR_S = 0.01

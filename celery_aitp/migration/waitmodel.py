@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from celery_aitp.migration.analysis import Record, _num
-from celery_aitp.publish.stages import GATED_REASONS
+from celery_aitp.publish.gate_stage import GATED_REASONS
 
 #: The class of tasks that would stay on Celery's route (served after every tier).
 STANDARD = "(standard)"

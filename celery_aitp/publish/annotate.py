@@ -18,8 +18,8 @@ from kombu import Queue
 from celery_aitp.core.request import Decision
 from celery_aitp.layout import Layout
 from celery_aitp.publish.caller_priority import tier_priority
+from celery_aitp.publish.gate_stage import GATED_REASONS
 from celery_aitp.publish.memo import Reused
-from celery_aitp.publish.stages import GATED_REASONS
 from celery_aitp.publish.visibility_stage import VISIBILITY_REASONS
 from celery_aitp.queues import parse_tier_queue
 from celery_aitp.telemetry.buffer import RecordBuffer

@@ -23,11 +23,14 @@ from typing import Any
 from celery_aitp.core.request import Decision, Request
 from celery_aitp.core.view import Source, View
 from celery_aitp.policy import Policy
+from celery_aitp.publish.gate_stage import GateStage
 from celery_aitp.publish.predict_stage import prediction_stages
 from celery_aitp.publish.priority_stage import PriorityStage
 from celery_aitp.publish.profile_stage import ProfileStage
+from celery_aitp.publish.route_stage import RouteStage
 from celery_aitp.publish.spill_stage import SpillStage
-from celery_aitp.publish.stages import GateStage, PublishStage, RouteStage, TenantStage
+from celery_aitp.publish.stages import PublishStage
+from celery_aitp.publish.tenant_stage import TenantStage
 from celery_aitp.publish.visibility_stage import VisibilityStage
 from celery_aitp.scheduling.spill import SpillSource
 

@@ -23,10 +23,12 @@ from typing import Any
 from celery_aitp.core.request import Request
 from celery_aitp.core.view import View
 from celery_aitp.policy import Policy, Stage
+from celery_aitp.publish.gate_stage import GateStage
 from celery_aitp.publish.pipeline import Pipeline
 from celery_aitp.publish.priority_stage import PriorityStage
 from celery_aitp.publish.profile_stage import ProfileStage
-from celery_aitp.publish.stages import GateStage, RouteStage, TenantStage
+from celery_aitp.publish.route_stage import RouteStage
+from celery_aitp.publish.tenant_stage import TenantStage
 from celery_aitp.queues import tier_queue_name
 from celery_aitp.store import RedisStore
 from celery_aitp.telemetry.counters import Counters

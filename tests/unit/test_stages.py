@@ -6,7 +6,7 @@ from celery_aitp.core.request import Request
 from celery_aitp.core.view import View
 from celery_aitp.policy import SplitSettings, Stage, parse_policy
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.publish.stages import split_bucket
+from celery_aitp.publish.split import split_bucket
 from tests.conftest import TEST_POLICY
 
 POLICY = parse_policy(TEST_POLICY)

@@ -15,7 +15,7 @@ from celery_aitp.core import running
 from celery_aitp.core.request import Decision, Request, read_header
 from celery_aitp.errors import PolicyError
 from celery_aitp.policy import parse_policy
-from celery_aitp.publish.stages import TenantStage
+from celery_aitp.publish.tenant_stage import TenantStage
 from celery_aitp.settings import resolve_settings
 from celery_aitp.store import RedisStore
 from tests.conftest import TEST_POLICY
