@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery_aitp.cache import BoundedDict
 from celery_aitp.core.request import Decision, Request, header_json, record_json_of
 from celery_aitp.core.view import View
 from celery_aitp.publish.pipeline import Pipeline
-from celery_aitp.publish.priority_stage import PriorityStage
+from celery_aitp.publish.priority_stage import Charge, PriorityStage
 from celery_aitp.publish.visibility_stage import VISIBILITY_REASONS
 from celery_aitp.telemetry.counters import Counters
 
@@ -71,13 +71,22 @@ class _Same:
         return id(self.value)
 
 
+class _Kept(NamedTuple):
+    """The templates kept for one view, swapped as one object so that threads never mix
+    two views."""
+
+    view: View | None
+    fingerprint: Any
+    templates: BoundedDict[tuple[Any, ...], Template]
+
+
 class Template:
     """One decision, kept to be handed out again with another id and time."""
 
     __slots__ = ("task", "header_prefix", "counter", "tally", "notes", "routed", "queue",
                  "reason", "charges", "_decision", "_json")
 
-    def __init__(self, decision: Decision, charges: tuple[tuple[Any, Any], ...],
+    def __init__(self, decision: Decision, charges: tuple[Charge, ...],
                  counters: Counters) -> None:
         self.task = decision.task
         self.header_prefix = decision.header_prefix()  # each task adds its decided_at
@@ -88,7 +97,7 @@ class Template:
         self.routed = decision.routed
         self.queue = decision.queue or ""
         self.reason = decision.reason
-        self.charges = charges  # (deque, item): what the priority stage adds per task
+        self.charges = charges  # what the priority stage adds per task
         self._decision: Decision | None = decision
         self._json: tuple[str, str] | None = None
 
@@ -152,17 +161,14 @@ class DecisionMemo:
         self.priority = priority
         self._sources = pipeline.tail_view_sources()
         self.limit = limit
-        #: (view, its fingerprint, templates), swapped as one tuple so that threads
-        #: never mix two views.
-        self._state: tuple[View | None, Any, BoundedDict[tuple[Any, ...], Template]] = \
-            (None, None, BoundedDict(limit))
+        self._kept = _Kept(None, None, BoundedDict(limit))
 
     def __len__(self) -> int:
-        return len(self._state[2])
+        return len(self._kept.templates)
 
     def clear(self) -> None:
         """Forget every kept decision."""
-        self._state = (None, None, BoundedDict(self.limit))
+        self._kept = _Kept(None, None, BoundedDict(self.limit))
 
     @classmethod
     def for_pipeline(cls, pipeline: Pipeline, counters: Counters | None = None
@@ -189,8 +195,8 @@ class DecisionMemo:
         templates = self._templates(view)
         template = templates.get(key)
         if template is not None:
-            for queue, item in template.charges:  # as the priority stage would
-                queue.append(item)
+            for charge in template.charges:  # as the priority stage would
+                charge.pending.append(charge.item)
             return Reused(template, request.task_id, now)
         self._finish(request, decision, view, finish)
         if decision.reason in VISIBILITY_REASONS or \
@@ -210,11 +216,10 @@ class DecisionMemo:
     def _templates(self, view: View) -> BoundedDict[tuple[Any, ...], Template]:
         """The templates kept for ``view``: those of the last view if it looked the same
         to the tail (compared once per view, not per publish), else none."""
-        last, fingerprint, templates = self._state
-        if last is view:
-            return templates
+        kept = self._kept
+        if kept.view is view:
+            return kept.templates
         found = view_fingerprint(view, self._sources)
-        if found != fingerprint:
-            templates = BoundedDict(self.limit)
-        self._state = (view, found, templates)
+        templates = kept.templates if found == kept.fingerprint else BoundedDict(self.limit)
+        self._kept = _Kept(view, found, templates)
         return templates

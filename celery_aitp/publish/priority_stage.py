@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery_aitp.cache import BoundedDict
 from celery_aitp.core.request import Decision, Request, runtime_hint
@@ -48,6 +48,14 @@ MAX_HEADER_LABELS = 16
 CACHE_LIMIT = 20_000
 _NO_CLASSES = SizeClasses()
 _NO_BOOSTS = Boosts()
+
+
+class Charge(NamedTuple):
+    """What one placed task adds to a shared tally: ``item`` appended to ``pending``
+    (fair-share usage, or the size histogram), drained by that tally's source."""
+
+    pending: Any  # a deque
+    item: tuple[Any, ...]
 
 
 class _Static:
@@ -218,8 +226,8 @@ class PriorityStage:
             "cap": names[static.cap], "fair_share": demoted, "boost": boost}
         decision.score = urgency
         decision.factors = factors
-        for queue, item in self.charges_of(decision):
-            queue.append(item)
+        for charge in self.charges_of(decision):
+            charge.pending.append(charge.item)
 
     def memo_key(self, request: Request, decision: Decision, view: View
                  ) -> tuple[bool] | None:
@@ -237,19 +245,19 @@ class PriorityStage:
         usage = view.sources.get(USAGE_SOURCE)
         return usage is not None and tenant in usage.demoted
 
-    def charges_of(self, decision: Decision) -> tuple[tuple[Any, Any], ...]:
-        """What a placed decision adds to the shared tallies, as (deque, item) pairs:
+    def charges_of(self, decision: Decision) -> tuple[Charge, ...]:
+        """What a placed decision adds to the shared tallies:
         its tenant's fair-share usage (the predicted runtime, or
         ``fair_share.default_cost_s`` without one) and, with a size, the histogram the
         tier boundaries come from."""
         runtime_s = decision.predicted_runtime_s
-        usage = (self.usage.pending, (decision.tenant, decision.tier, runtime_s
-                                      if runtime_s is not None and runtime_s >= 0
-                                      else self.default_cost))
+        usage = Charge(self.usage.pending, (decision.tenant, decision.tier, runtime_s
+                                            if runtime_s is not None and runtime_s >= 0
+                                            else self.default_cost))
         effective = (decision.tier_steps or {}).get("effective_size_s")
         if effective is None:
             return (usage,)
-        return usage, (self.sizes.pending, (decision.accelerator, effective))
+        return usage, Charge(self.sizes.pending, (decision.accelerator, effective))
 
     def _header_impact(self, raw: Any, impact: float, decision: Decision) -> float:
         if not self.settings.header_labels:
