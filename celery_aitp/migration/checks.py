@@ -73,13 +73,12 @@ def _wait(ratio: float | None, slack: float, routed: ArmStats, control: ArmStats
                              f"{theirs:.3g} s + {slack:g} s")
 
 
-def _prediction(cond: float | None, routed: ArmStats) -> Check:
-    error = routed.prediction_error
-    if cond is None or error is None:
-        return Check("prediction_error", None, "prediction_error not checked")
-    ok = error <= cond
-    return Check("prediction_error", ok,
-                 f"prediction_error {_pct(error)} {'<=' if ok else '>'} {_pct(cond)}")
+def _share_at_most(name: str, share: float | None, cond: float | None) -> Check:
+    """A share of the routed arm's runs (prediction error, fallbacks) within its limit."""
+    if cond is None or share is None:
+        return Check(name, None, f"{name} not checked")
+    ok = share <= cond
+    return Check(name, ok, f"{name} {_pct(share)} {'<=' if ok else '>'} {_pct(cond)}")
 
 
 def _starvation(factor: float | None, policy: Policy,
@@ -102,15 +101,6 @@ def _starvation(factor: float | None, policy: Policy,
                                    f"{worst[0]:.2g} x SLA {'<=' if ok else '>'} {factor:g}")
 
 
-def _fallback(cond: float | None, routed: ArmStats) -> Check:
-    rate = routed.fallback_rate
-    if cond is None or rate is None:
-        return Check("fallback_rate", None, "fallback_rate not checked")
-    ok = rate <= cond
-    return Check("fallback_rate", ok,
-                 f"fallback_rate {_pct(rate)} {'<=' if ok else '>'} {_pct(cond)}")
-
-
 def _failures(cond: float | None, routed: ArmStats, control: ArmStats,
               min_samples: int) -> Check:
     ours, theirs = routed.failure_rate, control.failure_rate
@@ -130,8 +120,9 @@ def analyse(settings: GuardSettings, policy: Policy, arms: Mapping[str, ArmStats
     sampled = [
         _sla(cond.min_sla_hit_rate, routed),
         _wait(cond.max_wait_ratio, cond.wait_slack_s, routed, control, n),
-        _prediction(cond.max_prediction_error, routed),
-        _fallback(cond.max_fallback_rate, routed),
+        _share_at_most("prediction_error", routed.prediction_error,
+                       cond.max_prediction_error),
+        _share_at_most("fallback_rate", routed.fallback_rate, cond.max_fallback_rate),
         _failures(cond.max_failure_rate_increase, routed, control, n),
     ]
     if not enough:  # too few routed runs to judge the arm by them
