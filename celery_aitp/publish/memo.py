@@ -22,6 +22,10 @@ No decision outlives the state it was made on: the memo belongs to one view, and
 view keeps it only if its fingerprint is the same. A decision the visibility guard
 flagged is never kept (its warning is rate-limited per publish). A pipeline holding a
 tail stage without ``memo_key`` does not use the memo.
+
+Tenants of a class share one decision per class identity
+(:mod:`celery_aitp.publish.tenant_share`): a new tenant of a class gets a copy with its
+own name and fair-share charge instead of running the tail.
 """
 
 from __future__ import annotations
