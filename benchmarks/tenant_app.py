@@ -3,8 +3,9 @@
 Workers import this module and read the run from the environment
 (``AITP_SCALE_TENANTS``, ``AITP_SCALE_RUN``, ``AITP_SCALE_BROKER``, ``AITP_SCALE_PREFIX``,
 ``AITP_SCALE_QUEUE``, ``AITP_SCALE_LAYOUT``, ``AITP_SCALE_PLAIN``: plain Celery, no
-middleware). The task appends its finish time to a
-Redis list, so the benchmark measures the worker's drain rate from the tasks themselves.
+middleware; ``AITP_SCALE_STORE``: the store's Redis when the broker is RabbitMQ). The task
+appends its finish time to a Redis list, so the benchmark measures the worker's drain rate
+from the tasks themselves.
 """
 
 from __future__ import annotations
@@ -56,21 +57,24 @@ def done_key(queue: str) -> str:
 
 
 def make_app(n: int, run: str, broker: str, prefix: str, queue: str,
-             plain: bool = False, layout: str = "dedicated") -> Celery:
+             plain: bool = False, layout: str = "dedicated", store: str | None = None) -> Celery:
+    """``broker``: Redis or RabbitMQ; ``store``: the Redis of the store and of the tasks'
+    finish times (the broker's URL when None: Redis as both)."""
+    store = store or broker
     app = Celery(f"scale_{n}", broker=broker)
     app.conf.update(task_default_queue=queue, task_ignore_result=True,
                     broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)
     if not plain:
         import celery_aitp
 
-        celery_aitp.install(app, policy=policy(n, run, layout), key_prefix=prefix, store_url=broker)
+        celery_aitp.install(app, policy=policy(n, run, layout), key_prefix=prefix, store_url=store)
     key = done_key(queue)
     state: dict[str, Any] = {}
 
     def touch(self: Any) -> None:
         sink = state.get("sink")
         if sink is None:
-            sink = state["sink"] = redis.Redis.from_url(broker)
+            sink = state["sink"] = redis.Redis.from_url(store)
         sink.rpush(key, time.time())
 
     app.task(touch, name=TASK, bind=True, shared=False)
@@ -83,4 +87,5 @@ app = make_app(int(os.environ.get("AITP_SCALE_TENANTS", "1")),
                os.environ.get("AITP_SCALE_PREFIX", "aitp-scale"),
                os.environ.get("AITP_SCALE_QUEUE", "aitp-scale"),
                plain=os.environ.get("AITP_SCALE_PLAIN") == "1",
-               layout=os.environ.get("AITP_SCALE_LAYOUT", "dedicated"))
+               layout=os.environ.get("AITP_SCALE_LAYOUT", "dedicated"),
+               store=os.environ.get("AITP_SCALE_STORE"))

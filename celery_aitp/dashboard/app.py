@@ -19,7 +19,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from celery_aitp.dashboard.api import Dashboard
 from celery_aitp.dashboard.config import DashboardConfig
-from celery_aitp.dashboard.fleet import Fleet
+from celery_aitp.dashboard.fleet import STALE_S, Fleet
 from celery_aitp.dashboard.metrics import MetricsApp
 from celery_aitp.dashboard.security import SecurityMiddleware, TrustedPeers
 from celery_aitp.dashboard.views import PAGES, Pages
@@ -46,7 +46,7 @@ def build_dashboard(middleware: Any, config: DashboardConfig, version: str = "")
     fleet = Fleet(middleware.store, settings.policy, middleware.default_queue,
                   queue_ops_factory(middleware.app), settings.worker_ttl_s,
                   refresh_s=config.refresh_s, window_s=config.window_s, tasks=tasks,
-                  layout=middleware.layout)
+                  layout=middleware.layout, stale_s=max(STALE_S, 5 * config.refresh_s))
     control = StageControl(middleware)
     return Dashboard(config=config, fleet=fleet, worker_ttl_s=settings.worker_ttl_s,
                      version=version,

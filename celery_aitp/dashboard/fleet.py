@@ -10,6 +10,7 @@ browsers and scrapers ask. It only reads; the one write (the stage) is in
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import deque
@@ -30,6 +31,8 @@ from celery_aitp.redact import redact
 from celery_aitp.scheduling.spill import read_capacity
 from celery_aitp.scheduling.usage import read_usage
 from celery_aitp.store import RedisStore
+
+logger = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 60.0
 MAX_RECENT = 5000
@@ -156,20 +159,35 @@ def read_model(client: Any, key: str, now: float) -> dict[str, Any]:
     }
 
 
+#: How old a snapshot a request may be answered with while a newer one is built in the
+#: background (the dashboard's; ``Fleet``'s own default, 0, builds in the request).
+STALE_S = 30.0
+
+
 class Fleet:
     """Caches one Snapshot for ``refresh_s``; thread-safe (Starlette runs sync handlers in
-    a thread pool)."""
+    a thread pool).
+
+    With ``stale_s`` above ``refresh_s``, a request that finds the snapshot older than
+    ``refresh_s`` (but younger than ``stale_s``) is answered from it at once while one
+    background thread builds the next: with thousands of tenants a build reads the
+    usage of every tenant and the streams' new records, and no page or scrape waits for
+    it. Only the first snapshot (see :meth:`warm`), one past ``stale_s`` and an explicit
+    ``max_age_s`` (after a stage change) are built in the request.
+    """
 
     def __init__(self, store: RedisStore, policy: Policy, default_queue: str,
                  queue_ops: Callable[[], Any], worker_ttl_s: float, refresh_s: float = 2.0,
                  window_s: float = 300.0, tasks: tuple[str, ...] = (),
-                 clock: Callable[[], float] = time.time, layout: Layout | None = None) -> None:
+                 clock: Callable[[], float] = time.time, layout: Layout | None = None,
+                 stale_s: float = 0.0) -> None:
         self.store = store
         self.layout = layout or PerTierLayout()  # where tier queues wait on the broker
         self.policy = policy
         self.default_queue = default_queue
         self.worker_ttl_s = worker_ttl_s
         self.refresh_s = refresh_s
+        self.stale_s = stale_s
         self.window_s = window_s
         self.clock = clock
         self.bounds = Bounds(policy, tasks)
@@ -180,8 +198,10 @@ class Fleet:
         self.decisions = StreamTail(store.client, keys.decisions, window_s, MAX_RECENT)
         self._queue_ops_factory = queue_ops
         self._queue_ops: Any = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by whoever builds a snapshot
         self._snapshot: Snapshot | None = None
+        #: Background builds started (a stale snapshot answered meanwhile).
+        self.background_builds = 0
         self.known_queues = [default_queue] + all_tier_queues(
             policy.queue_owners(), policy.accelerators, policy.tier_names)
         self._known_set = frozenset(self.known_queues)
@@ -190,14 +210,47 @@ class Fleet:
         """The cached snapshot if younger than ``max_age_s`` (default ``refresh_s``)."""
         limit = self.refresh_s if max_age_s is None else max_age_s
         current = self._snapshot
-        if current is not None and self.clock() - current.at < limit:
-            return current
+        if current is not None:
+            age = self.clock() - current.at
+            if age < limit:
+                return current
+            if max_age_s is None and age < self.stale_s:
+                self.refresh_in_background()
+                return current
         with self._lock:
             current = self._snapshot
             if current is None or self.clock() - current.at >= limit:
                 current = self._build()
                 self._snapshot = current
             return current
+
+    def refresh_in_background(self) -> bool:
+        """Build the next snapshot in a daemon thread unless one is being built; whether
+        this call started one."""
+        if not self._lock.acquire(blocking=False):
+            return False  # a build is running: its snapshot comes soon enough
+        self.background_builds += 1
+        try:
+            threading.Thread(target=self._build_locked, name="aitp-dashboard-snapshot",
+                             daemon=True).start()
+        except BaseException:
+            self._lock.release()
+            raise
+        return True
+
+    def warm(self) -> None:
+        """Start building the first snapshot (a server calls it as it starts), so that
+        the first page or scrape finds it built, or waits only for the rest of it."""
+        if self._snapshot is None:
+            self.refresh_in_background()
+
+    def _build_locked(self) -> None:
+        try:
+            self._snapshot = self._build()
+        except Exception as exc:  # pragma: no cover - _build reports store errors itself
+            logger.warning("aitp dashboard: snapshot failed: %s", redact(repr(exc)))
+        finally:
+            self._lock.release()
 
     def _build(self) -> Snapshot:
         now = self.clock()

@@ -25,6 +25,7 @@ def make_server(middleware: Any, config: DashboardConfig, log_level: str = "warn
     uv_config = uvicorn.Config(app, host=config.address, port=config.port, log_level=log_level,
                                access_log=False, proxy_headers=False, lifespan="off")
     server = uvicorn.Server(uv_config)
+    dashboard.fleet.warm()  # the first snapshot is built while the server starts
     server.dashboard = dashboard  # type: ignore[attr-defined]
     return server
 

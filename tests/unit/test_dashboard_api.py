@@ -450,3 +450,70 @@ def test_spilled_decisions_are_exported_with_their_reason(store, ops):
                if s.name.endswith("_total") and s.labels["tier"] == "hi"
                and s.labels["accelerator"] == "cpu"}
     assert spilled[("spill", "fallback")] == 4 and spilled[("routed", "routed")] == 6
+
+
+class _Gate:
+    """Queue depths that wait for ``release`` while ``held`` (a slow broker)."""
+
+    def __init__(self, ops: MemoryQueueOps) -> None:
+        self.ops = ops
+        self.held = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def depths(self, names: list[str]) -> dict[str, int]:
+        if self.held:
+            self.entered.set()
+            assert self.release.wait(10)
+        return self.ops.depths(names)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ops, name)
+
+
+def test_a_stale_snapshot_answers_at_once_while_the_next_is_built_in_the_background(
+        store, ops) -> None:
+    now = [1000.0]
+    gate = _Gate(ops)
+    fleet = Fleet(store, parse_policy(TEST_POLICY), "default-q", lambda: gate, 10.0,
+                  refresh_s=2.0, clock=lambda: now[0], stale_s=30.0)
+    first = fleet.snapshot()
+    assert fleet.snapshot() is first and fleet.background_builds == 0  # fresh
+    store.write_stage({"stage": "takeover", "split": {}}, who="test")
+    now[0] += 5.0  # older than refresh_s: answered from the old one, rebuilt aside
+    gate.held = True
+    assert fleet.snapshot() is first
+    assert gate.entered.wait(10)  # the background build is reading the broker
+    assert fleet.snapshot() is first and fleet.background_builds == 1  # one build at once
+    gate.release.set()
+    deadline = time.monotonic() + 10
+    while fleet.snapshot() is first and time.monotonic() < deadline:
+        time.sleep(0.01)
+    second = fleet.snapshot()
+    assert second is not first and second.stage == "takeover" and second.at == now[0]
+
+
+def test_a_snapshot_past_stale_s_or_asked_fresh_is_built_in_the_request(store, ops) -> None:
+    now = [1000.0]
+    fleet = Fleet(store, parse_policy(TEST_POLICY), "default-q", lambda: ops, 10.0,
+                  refresh_s=2.0, clock=lambda: now[0], stale_s=30.0)
+    first = fleet.snapshot()
+    now[0] += 31.0
+    second = fleet.snapshot()
+    assert second is not first and second.at == now[0] and fleet.background_builds == 0
+    now[0] += 3.0
+    third = fleet.snapshot(max_age_s=0)  # after a stage change: now, not in the background
+    assert third is not second and fleet.background_builds == 0
+
+
+def test_warm_builds_the_first_snapshot_before_any_request(store, ops) -> None:
+    fleet = Fleet(store, parse_policy(TEST_POLICY), "default-q", lambda: ops, 10.0,
+                  refresh_s=60.0, stale_s=120.0)
+    fleet.warm()
+    deadline = time.monotonic() + 10
+    while fleet._snapshot is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    built = fleet._snapshot
+    assert built is not None and fleet.snapshot() is built
+    fleet.warm()  # there is one: nothing more
+    assert fleet.background_builds == 1
