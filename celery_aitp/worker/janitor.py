@@ -59,12 +59,16 @@ class Janitor(BrokerQueuePass):
 
     Cost per pass follows the owners of queues (tenants with queues of their own, and
     tenant classes), not the number of tenants: with classes, thousands of tenants cost
-    a few queues. Classed tenants' former queues are looked at in this process's first
-    pass only: a policy takes effect when workers restart, so the first pass after the
-    change drains them (and ``celery aitp evacuate`` does on demand).
+    a few queues. Classed tenants' former queues are looked at once per process, at most
+    ``FORMER_PER_PASS`` of them per pass: a policy takes effect when workers restart, so
+    the first passes after the change drain them (and ``celery aitp evacuate`` does on
+    demand) without a burst of thousands of broker calls at start (on RabbitMQ each
+    missing queue costs a channel).
     """
 
-    _former_swept = False
+    #: Former queues looked at per pass (10,000 classed tenants: 30,000 queues).
+    FORMER_PER_PASS = 1000
+    _former_next: int | None = 0  # the next former queue to look at (None: all done)
 
     def known_queues(self) -> list[str]:
         """Every logical tier queue the policy can produce."""
@@ -110,13 +114,20 @@ class Janitor(BrokerQueuePass):
         """
         store = self.middleware.store
         stage, _ = stage_from_doc(store.read_stage(), self.middleware.policy)
-        former = [] if self._former_swept else self.former_queues()
+        former = self._former_batch()
         if stage is Stage.COEXISTENCE:
-            moved = self.evacuate(self.known_queues() + former)
-        else:
-            moved = self.evacuate(self.orphaned(store.live_queues()) + former)
-        self._former_swept = True
-        return moved
+            return self.evacuate(self.known_queues() + former)
+        return self.evacuate(self.orphaned(store.live_queues()) + former)
+
+    def _former_batch(self) -> list[str]:
+        """The next former queues to look at, until each has been once."""
+        start = self._former_next
+        if start is None:
+            return []
+        former = self.former_queues()
+        end = start + self.FORMER_PER_PASS
+        self._former_next = end if end < len(former) else None
+        return former[start:end]
 
     def run(self, stop: threading.Event) -> None:
         """Sweep every ``evacuate_interval_s`` until ``stop`` is set; one sweeper at a time."""

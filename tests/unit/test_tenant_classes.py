@@ -255,3 +255,45 @@ def test_a_tenant_that_joined_a_class_leaves_nothing_in_its_former_queues(store)
     ops.queues["aitp.globex.cpu.lo"].append((2.0, "c"))
     assert janitor.sweep() == {}  # later passes do not pay for thousands of tenants
     assert [m for _, m in ops.queues["celery"]] == ["a", "b"]
+
+
+def test_former_queues_are_looked_at_a_batch_per_pass(store) -> None:
+    """Thousands of classed tenants: no burst of broker calls at start, and every former
+    queue is still looked at once."""
+    from types import SimpleNamespace
+
+    from celery_aitp.layout import PerTierLayout
+    from celery_aitp.migration.control import stage_doc
+    from celery_aitp.stubs import MemoryQueueOps
+    from celery_aitp.telemetry.counters import Counters
+    from celery_aitp.worker.janitor import Janitor
+
+    class Counting(MemoryQueueOps):
+        def __init__(self) -> None:
+            super().__init__()
+            self.looked: list[str] = []
+
+        def depths(self, queues):  # type: ignore[no-untyped-def]
+            self.looked.extend(queues)
+            return super().depths(queues)
+
+    ops = Counting()
+    middleware = SimpleNamespace(policy=POLICY, layout=PerTierLayout(), store=store,
+                                 default_queue="celery", counters=Counters())
+    store.write_stage(stage_doc(Stage.TAKEOVER, SplitSettings()), "me")
+    store.advertise("w", WorkerPlan(POLICY, "*", None, None, False).queue_names(), {}, 60)
+    janitor = Janitor(middleware, ops=ops)
+    janitor.FORMER_PER_PASS = 2
+    former = janitor.former_queues()
+    assert len(former) > 2
+    ops.queues[former[-1]].append((0.0, "late"))
+    passes = 0
+    while not ops.queues["celery"]:
+        janitor.sweep()
+        passes += 1
+        assert passes <= len(former)
+    assert passes == -(-len(former) // 2)  # a batch of two per pass, the last one last
+    assert set(former) <= set(ops.looked)
+    before = len(ops.looked)
+    janitor.sweep()
+    assert not set(ops.looked[before:]) & set(former)  # each looked at once
