@@ -6,7 +6,9 @@ loads the other checkout's ``celery_aitp`` first and keeps it out of ``sys.modul
 except while its app is set up, then loads this one: two apps, one per version, publish
 the same messages, taking turns every 50 messages (the order flips every round). Prints,
 per version, the reused path's p50 and the steady state's p50 and p99 (as
-``decision_latency.py`` defines them), medians over rounds.
+``decision_latency.py`` defines them), medians over rounds. Each version's own trainer
+makes its model from the same records, so a change of features or training is measured
+with the model it produces.
 
     git worktree add ../before <commit>
     python benchmarks/decision_ab.py ../before --rounds 10
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import sys
 import time
 from collections.abc import Iterator
@@ -81,8 +84,8 @@ def main() -> None:
     from celery_aitp.predict.model_source import MODEL_SOURCE
     from celery_aitp.queues import all_tier_queues
 
-    print("training the benchmark model ...", file=sys.stderr)
-    bundle = common.trained(common.workload(6000, "ab", seed=3)).bundle
+    print("training the benchmark models ...", file=sys.stderr)
+    bundles: dict[str, Any] = {}
     runs = {"other": common.tag() + "o", "this": common.tag() + "t"}
     apps: dict[str, Any] = {}
     data: dict[str, dict[str, Any]] = {}
@@ -95,6 +98,9 @@ def main() -> None:
         app.aitp.store.advertise("bench-worker@localhost", all_tier_queues(
             tenants, ("cpu", "gpu"), ("hi", "mid", "lo")), {}, ttl_s=3600)
         app.aitp.store.write_stage({"stage": "takeover", "split": {}}, who="benchmark")
+        # each version's own trainer makes its model (a feature schema may differ)
+        trainer = importlib.import_module("celery_aitp.learn.train")
+        bundle = bundles[label] = trainer.train(common.workload(6000, "ab", seed=3)).bundle
         common.install_model(app.aitp, bundle, common.workload(6000, run, seed=3))
         data[label] = {
             "batch": dl.messages(app, common.workload(2000, run, seed=21, compact=False)),
@@ -138,6 +144,10 @@ def main() -> None:
 
     print(f"\nside by side, {args.rounds} rounds, median over rounds (us); "
           f"other: {args.other}\n")
+    for label, bundle in bundles.items():
+        params = bundle.meta["params"]
+        print(f"{label} model: {bundle.meta['target']}, {params['rounds']} + "
+              f"{params['p90_rounds']} trees")
     print(f"{'version':8}" + "".join(f"{p:>12}" for p in PATHS) + "   steady p99 per round")
     for label, out in results.items():
         print(f"{label:8}" + "".join(f"{common.median(out[p]):12.2f}" for p in PATHS)

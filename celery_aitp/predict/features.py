@@ -5,7 +5,7 @@ arguments are (nested, huge, NaN, objects of any type). The same functions build
 rows the trainer learns from (from observation records) and the vector the publish path
 predicts from, so the two cannot drift apart.
 
-Feature list (schema 1), in vector order:
+Feature list (schema 3), in vector order:
 
 ========================  ==================================================================
 ``task``, ``tenant``      categorical codes from the model's vocabulary (unknown: missing)
@@ -21,6 +21,10 @@ Feature list (schema 1), in vector order:
 ``h_last``, ``h_prev``    its last and second-to-last runtime
 ``h_spread``              ``|log(h_last / h_prev)|``: near 0 when the last two agree
 ``h_median``              median of its last up-to-20 runtimes
+``h_median_r``,           ``h_median / h_last2`` and ``h_mean / h_last2``: how far the last
+``h_mean_r``              two lie from the pair's usual runtime (a tree cannot divide)
+``h_trend``               ``log(h_last / h_prev)``: the last run longer (> 0) or shorter
+                          than the one before (< 0)
 ``t_last2``               mean of the tenant's last two runs, whatever the task
 ``base_s``                the history estimate the model corrects (:func:`base_of`)
 ``kw.<name>``             value of keyword argument ``name``, for the names the model chose
@@ -50,14 +54,14 @@ HISTORY_DEPTH = 20
 #: ``h_count`` is capped here: beyond it, more history says nothing new.
 HISTORY_COUNT_CAP = 100
 #: Feature schema version; a model trained on another schema is refused.
-SCHEMA = 2
+SCHEMA = 3
 
 BASE_FEATURES: tuple[str, ...] = (
     "task", "tenant", "n_args", "n_kwargs", "args_bytes", "kwargs_bytes",
     *(f"arg{i}" for i in range(POSITIONAL)),
     "hint_s", "retries", "hour", "weekday", *(
         "h_last2", "h_mean", "h_count", "h_last", "h_prev", "h_spread", "h_median",
-        "t_last2", "base_s"),
+        "h_median_r", "h_mean_r", "h_trend", "t_last2", "base_s"),
 )
 #: The history features, in the order of a history tuple (:func:`history_features`).
 HISTORY_FEATURES: tuple[str, ...] = BASE_FEATURES[BASE_FEATURES.index("h_last2"):]
@@ -66,10 +70,14 @@ CATEGORICAL: tuple[str, ...] = ("task", "tenant")
 ARGUMENT_FEATURES: tuple[str, ...] = BASE_FEATURES[2:6 + POSITIONAL]
 KWARG_PREFIX = "kw."
 
+_POSITIONAL_NAMES = tuple(f"arg{i}" for i in range(POSITIONAL))
 _SIZED = frozenset({str, bytes, bytearray, list, tuple, dict, set, frozenset})
 _SIZED_BASES = (str, bytes, bytearray, list, tuple, dict, set, frozenset)
-History = tuple[float, float, int, float, float, float, float, float, float]
-_NO_HISTORY: History = (NAN, NAN, 0, NAN, NAN, NAN, NAN, NAN, NAN)
+History = tuple[float, float, int, float, float, float, float, float, float, float, float,
+                float]
+_NO_HISTORY: History = (NAN, NAN, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN)
+#: Runtimes are clipped here before a ratio or a log (a zero-second run).
+_TINY = 1e-4
 
 
 def value_of(value: Any) -> float | int:
@@ -158,17 +166,20 @@ def history_features(runtimes: Iterable[float], count: int,
     tenant = [r for r in tenant_runtimes][:2]
     t_last2 = sum(tenant) / len(tenant) if tenant else NAN
     if not recent:
-        return (NAN, NAN, 0, NAN, NAN, NAN, NAN, t_last2, t_last2)
+        return (NAN, NAN, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, t_last2, t_last2)
     last2 = recent[:2]
     h_last2 = sum(last2) / len(last2)
     h_prev = recent[1] if len(recent) > 1 else NAN
-    spread = (abs(math.log(max(recent[0], 1e-4) / max(h_prev, 1e-4)))
-              if h_prev == h_prev else NAN)
+    trend = (math.log(max(recent[0], _TINY) / max(h_prev, _TINY))
+             if h_prev == h_prev else NAN)
     ordered = sorted(recent)
     middle = len(ordered) // 2
     median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-    return (h_last2, sum(recent) / len(recent), min(int(count), HISTORY_COUNT_CAP),
-            recent[0], h_prev, spread, median, t_last2, h_last2)
+    mean = sum(recent) / len(recent)
+    scale = max(h_last2, _TINY)
+    return (h_last2, mean, min(int(count), HISTORY_COUNT_CAP), recent[0], h_prev,
+            abs(trend), median, max(median, _TINY) / scale, max(mean, _TINY) / scale, trend,
+            t_last2, h_last2)
 
 
 def base_of(history: tuple[float, ...] | None, default_s: float) -> float:
@@ -188,7 +199,7 @@ class FeatureSpec:
     training row, so both sides agree by construction.
     """
 
-    __slots__ = ("kwarg_names", "names", "tasks", "tenants")
+    __slots__ = ("_recorded_kwargs", "kwarg_names", "names", "tasks", "tenants")
 
     def __init__(self, kwarg_names: Iterable[str] = (), tasks: Iterable[str] = (),
                  tenants: Iterable[str] = ()) -> None:
@@ -197,6 +208,7 @@ class FeatureSpec:
             KWARG_PREFIX + n for n in self.kwarg_names)
         self.tasks: dict[str, int] = {name: i for i, name in enumerate(tasks)}
         self.tenants: dict[str, int] = {name: i for i, name in enumerate(tenants)}
+        self._recorded_kwargs = tuple(KWARG_PREFIX + n for n in self.kwarg_names)
 
     def vector(self, task: str, tenant: str, args: Any, kwargs: Any, args_bytes: Any,
                kwargs_bytes: Any, hint_s: Any, retries: Any, published_at: Any,
@@ -244,12 +256,15 @@ class FeatureSpec:
             self.tasks.get(task, NAN), self.tenants.get(tenant, NAN),
             get("n_args", NAN), get("n_kwargs", NAN), get("args_bytes", NAN),
             get("kwargs_bytes", NAN),
-            *(get(f"arg{i}", NAN) for i in range(POSITIONAL)),
+            *(get(name, NAN) for name in _POSITIONAL_NAMES),
             _number_or_nan(hint_s), retries if type(retries) is int else NAN,
             hour, weekday, *hist,
-            *(get(KWARG_PREFIX + name, NAN) for name in self.kwarg_names),
+            *(get(name, NAN) for name in self._recorded_kwargs),
         ]
-        return [_as_float(v) for v in values]
+        # the common cases of _as_float inline: it runs for every value of every row
+        return [v if type(v) is float and -BIG < v < BIG
+                else float(v) if type(v) is int and -BIG < v < BIG else _as_float(v)
+                for v in values]
 
 
 def _as_float(value: Any) -> float:

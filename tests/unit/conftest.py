@@ -99,10 +99,11 @@ def synthetic_records() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def trained(synthetic_records: list[dict[str, Any]]) -> Any:
-    """One small trained model (TrainResult), trained once per session (about a second)."""
+    """One small trained model (TrainResult), trained once per session (about a second);
+    a residual model (it corrects the history estimate), whichever kind would win here."""
     from celery_aitp.learn.train import TrainConfig, train
 
-    return train(synthetic_records, TrainConfig(rounds=40, p90_rounds=10))
+    return train(synthetic_records, TrainConfig(rounds=40, p90_rounds=10, residual=True))
 
 
 # --- hostile-input property tests (tests/unit/test_hostile_*.py) ---------------------

@@ -92,8 +92,19 @@ def test_history_features_use_the_newest_runs():
     assert found["h_spread"] == pytest.approx(math.log(3.0))
     assert found["t_last2"] == 5.0  # the tenant's runs of any task
     assert found["base_s"] == 2.0  # the pair's own last two come first
+    # the usual runtime against the last two (2.0), and the last run against the one before
+    assert found["h_median_r"] == 1.5 and found["h_mean_r"] == pytest.approx(52.0 / 3)
+    assert found["h_trend"] == pytest.approx(math.log(3.0))
+    falling = dict(zip(HISTORY_FEATURES, history_features([1.0, 4.0], 2), strict=True))
+    assert falling["h_trend"] == pytest.approx(-math.log(4.0))
+    assert falling["h_spread"] == pytest.approx(math.log(4.0))
+    zero = dict(zip(HISTORY_FEATURES, history_features([0.0, 0.0], 2), strict=True))
+    assert zero["h_median_r"] == 1.0 and zero["h_trend"] == 0.0  # no division by zero
     assert history_features([5.0], 10_000)[2] == 100  # the count is capped
     assert math.isnan(history_features([5.0], 1)[HISTORY_FEATURES.index("h_spread")])
+    assert math.isnan(history_features([5.0], 1)[HISTORY_FEATURES.index("h_trend")])
+    assert all(math.isnan(v) for v in history_features([], 0, [3.0])[
+        HISTORY_FEATURES.index("h_median_r"):HISTORY_FEATURES.index("t_last2")])
     empty = history_features([], 0)
     assert math.isnan(empty[0]) and math.isnan(empty[1]) and empty[2] == 0
 

@@ -11,6 +11,7 @@ from celery import Celery
 import celery_aitp
 from celery_aitp.core.request import Decision, Request, read_header
 from celery_aitp.core.view import View
+from celery_aitp.learn.train import TrainConfig, train
 from celery_aitp.predict.bundle import ModelBundle
 from celery_aitp.predict.history import HISTORY_SOURCE, HistoryStore
 from celery_aitp.predict.model_source import MODEL_SOURCE
@@ -99,6 +100,25 @@ def test_the_model_predicts_once_promoted(synthetic_app, store, published, train
     low, high = model.compiled.evaluate(vector)
     assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == (low * 0.2, high * 0.2)
     assert h["predicted_p90_s"] >= h["predicted_runtime_s"] > 0
+
+
+def test_a_direct_model_predicts_without_the_history_estimate(
+        synthetic_app, store, published, synthetic_records):
+    direct = train(synthetic_records, TrainConfig(rounds=20, p90_rounds=5, residual=False))
+    assert direct.bundle is not None and direct.bundle.meta["target"] == "log(runtime_s)"
+    make_live(store, "aitp.acme.cpu.lo")
+    HistoryStore(store).add_runs([("acme", "media.resize", 0.2)])
+    ModelStore(store).promote(direct.bundle)
+    view = refreshed(synthetic_app)
+    model = view.sources[MODEL_SOURCE]
+    assert model.version == direct.bundle.version and model.base_default_s is None
+    h = publish(synthetic_app, published, "media.resize", 640, 480, quality=85)
+    vector = model.spec.vector("media.resize", "acme", (640, 480), {"quality": 85},
+                               len("(640, 480)"), len("{'quality': 85}"), None, 0,
+                               h["decided_at"], view.sources[HISTORY_SOURCE].features.get(
+                                   ("acme", "media.resize")))
+    # the forests' output as it is: not multiplied by the last two (0.2 s)
+    assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == model.compiled.evaluate(vector)
 
 
 def test_a_model_without_a_request_key_predicts_from_the_feature_vector(

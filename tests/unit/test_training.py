@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,57 @@ def test_a_model_that_does_not_beat_last_two_is_not_promotable(synthetic_records
     result = train(synthetic_records[:600], TrainConfig(rounds=10, p90_rounds=3))
     assert result.bundle is not None and not result.promotable
     assert "does not beat the last-two baseline" in result.reason
+
+
+def _history_led_records(n: int = 1500) -> list[dict]:
+    """Each (tenant, task)'s runtime drifts by a factor of up to 8 over time and does not
+    depend on the arguments: the last two runs are the only signal."""
+    import random
+
+    rng = random.Random(3)
+    level = {(tenant, task): 1.0 for tenant in "ab" for task in ("x", "y", "z")}
+    out = []
+    for i in range(n):
+        pair = rng.choice(sorted(level))
+        level[pair] = min(64.0, max(0.1, level[pair] * rng.choice([0.5, 1.0, 1.0, 2.0])))
+        out.append({**GOOD, "tenant": pair[0], "task": pair[1], "args": [rng.randint(1, 9)],
+                    "published_at": 100.0 * i,
+                    "runtime_s": level[pair] * rng.uniform(0.9, 1.1)})
+    return out
+
+
+def test_the_model_corrects_the_history_estimate_only_where_that_wins():
+    config = TrainConfig(rounds=30, p90_rounds=3, probe_rounds=15)
+    led = train(_history_led_records(), config)
+    assert led.bundle is not None and led.bundle.meta["target"] == "log(runtime_s / base)"
+    assert "base" in led.bundle.meta
+
+
+def test_runtimes_set_by_the_arguments_get_a_direct_model(synthetic_records):
+    config = TrainConfig(rounds=30, p90_rounds=3, probe_rounds=15)
+    by_arguments = train(synthetic_records, config)
+    assert by_arguments.bundle is not None
+    assert by_arguments.bundle.meta["target"] == "log(runtime_s)"
+    assert "base" not in by_arguments.bundle.meta
+    # asked for, the residual model is still trained
+    forced = train(synthetic_records, replace(config, residual=True))
+    assert forced.bundle is not None and forced.bundle.meta["target"] == "log(runtime_s / base)"
+
+
+def test_the_final_rows_are_the_training_rows_then_the_validation_rows(synthetic_records):
+    from celery_aitp.learn.train import Matrix, make_spec
+
+    dataset = build_dataset(synthetic_records[:300])
+    spec = make_spec(dataset)
+    head, tail = dataset.observations[:200], dataset.observations[200:]
+    joined = Matrix(spec, head, 2.0).joined(Matrix(spec, tail, 2.0))
+    whole = Matrix(spec, dataset.observations, 2.0)
+    assert joined.x.shape == whole.x.shape
+    assert ((joined.x == whole.x) | ((joined.x != joined.x) & (whole.x != whole.x))).all()
+    assert (joined.y == whole.y).all() and (joined.base == whole.base).all()
+    direct = whole.direct()
+    assert (direct.base == 1.0).all()
+    assert direct.y == pytest.approx(Matrix(spec, dataset.observations).y)
 
 
 def test_too_little_data_gives_no_model():
