@@ -113,6 +113,11 @@ def estimate(runtimes: list[float]) -> Estimate:
     between the two with the luck of the window, which put random calls ahead of others
     (worse than FIFO in the placement benchmark); the longest run keeps them all in one
     size class, in arrival order, until a model tells them apart.
+
+    :class:`HistoryView` replaces this upper bound by the longest recent run of the task
+    over *every* tenant: the history knows no more about one tenant's call than about
+    another's, and a bound per tenant put equal calls of two tenants in different size
+    classes (cold start worse than FIFO).
     """
     last2 = runtimes[:2]
     p50 = sum(last2) / len(last2)
@@ -150,15 +155,20 @@ class HistoryView:
                      fetched_at: float | None = None) -> HistoryView:
         features, estimates = {}, {}
         per_task: dict[str, list[float]] = {}
+        longest: dict[str, float] = {}  # per task, over every tenant's recent runs
         tenants = {pair[0]: runtimes for pair, (_, runtimes) in entries.items()
                    if pair[1] == ANY_TASK}
+        for pair, (_, runtimes) in entries.items():
+            if pair[1] != ANY_TASK:
+                longest[pair[1]] = max(longest.get(pair[1], 0.0), max(runtimes))
         for pair, (count, runtimes) in entries.items():
             if pair[1] == ANY_TASK:
                 continue
             features[pair] = history_features(runtimes, count, tenants.get(pair[0], ()))
-            estimates[pair] = estimate(runtimes)
+            estimates[pair] = (estimate(runtimes)[0], longest[pair[1]])
             per_task.setdefault(pair[1], []).extend(runtimes[:2])
-        task_estimates = {task: _pooled(rs) for task, rs in per_task.items()}
+        task_estimates = {task: (_pooled(rs)[0], longest[task])
+                          for task, rs in per_task.items()}
         tenant_features = {tenant: history_features((), 0, runtimes)
                            for tenant, runtimes in tenants.items()}
         return cls(features, estimates, task_estimates, version,

@@ -53,9 +53,21 @@ def test_cold_start_estimates_are_last_two_mean_and_longest_recent_run():
     rare_long = [0.03] * 19 + [1.0]
     assert estimate(rare_long)[1] == estimate([1.0, *[0.03] * 19])[1] == 1.0
     view = HistoryView.from_entries({("a", "t"): (5, [1.0, 3.0]), ("b", "t"): (1, [10.0])})
-    assert view.estimates[("a", "t")] == (2.0, 3.0)
+    # the bound is the task's longest recent run over every tenant (b's 10 s)
+    assert view.estimates[("a", "t")] == (2.0, 10.0)
     assert view.task_estimates["t"] == (14.0 / 3, 10.0)  # last two of each tenant, pooled
     assert view.features[("a", "t")][:3] == (2.0, 2.0, 5)
+
+
+def test_calls_of_one_task_get_the_same_cold_bound_whatever_the_tenant():
+    # acme drew a long call lately, globex did not: the history cannot tell their calls
+    # apart, so both get the same upper bound (one size class), each its own median
+    view = HistoryView.from_entries({("acme", "t"): (20, [0.03, 0.04, 1.2]),
+                                     ("globex", "t"): (20, [0.02, 0.05, 0.03]),
+                                     ("globex", "other"): (3, [0.01])})
+    assert view.estimates[("acme", "t")][1] == view.estimates[("globex", "t")][1] == 1.2
+    assert view.estimates[("globex", "t")][0] == pytest.approx(0.035)
+    assert view.estimates[("globex", "other")] == (0.01, 0.01)  # another task: its own
 
 
 def test_a_tenants_first_run_of_a_task_gets_the_tenants_history(store):
