@@ -317,6 +317,7 @@ class Bench:
         id_prefix = f"{self.tag}-{run}{attempt}-"
         task = app.tasks[TASK]
         published = [math.nan] * len(self.items)
+        sent = [math.nan] * len(self.items)  # when apply_async returned (--raw only)
         t0 = time.time() + 0.2
         for item in self.items:
             delay = t0 + item.at - time.time()
@@ -326,6 +327,7 @@ class Bench:
             task.apply_async((item.units,), task_id=f"{id_prefix}{item.index:06d}",
                              headers={"aitp_tenant": item.tenant,
                                       RUNTIME_HEADER: item.runtime_s})
+            sent[item.index] = time.time()
         key = results_key(app.conf.task_default_queue)
         self.wait_done(key, id_prefix)
         n = len(self.items)
@@ -338,7 +340,8 @@ class Bench:
                 i = int(task_id[len(id_prefix):])
                 started[i], finished[i], tiers[i] = rec["started"], rec["finished"], rec["tier"]
         self.raw[run] = [{"tenant": i.tenant, "units": i.units, "runtime_s": i.runtime_s,
-                          "published": published[i.index], "started": started[i.index],
+                          "published": published[i.index], "sent": sent[i.index],
+                          "started": started[i.index],
                           "finished": finished[i.index], "tier": tiers[i.index]}
                          for i in self.items]
         return figures(run, self.items, published, started, finished, tiers)

@@ -182,8 +182,11 @@ class FairShareSettings(_Section):
     enabled: bool = Field(default=True, description="Demote tenants above their fair share.")
     half_life_s: float = Field(default=900.0, gt=0, le=30 * 86400,
                                description="Half-life of the usage that fair share compares.")
-    tolerance: float = Field(default=0.1, ge=0, le=10,
-                             description="Demote only above fair share * (1 + tolerance).")
+    tolerance: float = Field(
+        default=0.5, ge=0, le=10,
+        description="Demote only above fair share * (1 + tolerance). Wide enough that "
+                    "equal tenants are not demoted by chance (who drew the longer tasks "
+                    "lately), which reorders their tasks for no gain.")
     default_cost_s: float = Field(default=1.0, gt=0,
                                   description="Usage charged per task without a prediction.")
     min_active_share: float = Field(

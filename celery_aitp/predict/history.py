@@ -113,10 +113,32 @@ def estimate(runtimes: list[float]) -> Estimate:
     between the two with the luck of the window, which put random calls ahead of others
     (worse than FIFO in the placement benchmark); the longest run keeps them all in one
     size class, in arrival order, until a model tells them apart.
+
+    :class:`HistoryView` replaces this upper bound by the task's *held* bound: the
+    longest recent run of the task over *every* tenant (the history knows no more about
+    one tenant's call than about another's: a bound per tenant put equal calls of two
+    tenants in different size classes), held and let down only slowly
+    (:data:`BOUND_HALF_LIFE_S`). The longest of the last runs of a heavy-tailed task swings
+    with the luck of the window (0.3 s for a while, then 3 s), and calls of the same task
+    then took a high tier at one moment and a low one the next, the later ones ahead of
+    the earlier: cold start worse than FIFO.
     """
     last2 = runtimes[:2]
     p50 = sum(last2) / len(last2)
     return p50, max(runtimes)
+
+
+#: Half-life (seconds) of a task's held cold-start upper bound once its runs got shorter.
+BOUND_HALF_LIFE_S = 600.0
+
+
+def held_bound(longest: float, previous: tuple[float, float] | None, now: float) -> float:
+    """A task's cold-start upper bound at ``now``: its longest recent run, or the bound
+    it had (``previous``: value, when) decayed with :data:`BOUND_HALF_LIFE_S` if higher."""
+    if previous is None:
+        return longest
+    value, at = previous
+    return max(longest, value * 0.5 ** (max(0.0, now - at) / BOUND_HALF_LIFE_S))
 
 
 def _pooled(runtimes: list[float]) -> Estimate:
@@ -129,14 +151,17 @@ class HistoryView:
     """What the publish path reads: features and estimates per pair, estimates per task."""
 
     __slots__ = ("features", "tenant_features", "estimates", "task_estimates", "version",
-                 "fetched_at")
+                 "fetched_at", "bounds")
 
     def __init__(self, features: Mapping[Pair, History] | None = None,
                  estimates: Mapping[Pair, Estimate] | None = None,
                  task_estimates: Mapping[str, Estimate] | None = None,
                  version: int | None = None, fetched_at: float = 0.0,
-                 tenant_features: Mapping[str, History] | None = None) -> None:
+                 tenant_features: Mapping[str, History] | None = None,
+                 bounds: Mapping[str, tuple[float, float]] | None = None) -> None:
         self.features = dict(features or {})
+        #: Per task, the cold-start upper bound and when it was computed (held_bound).
+        self.bounds = dict(bounds or {})
         #: History features of a tenant's first run of a task (its other tasks' runs).
         self.tenant_features = dict(tenant_features or {})
         self.estimates = dict(estimates or {})
@@ -147,22 +172,33 @@ class HistoryView:
     @classmethod
     def from_entries(cls, entries: Mapping[Pair, tuple[int, list[float]]],
                      version: int | None = None,
-                     fetched_at: float | None = None) -> HistoryView:
+                     fetched_at: float | None = None,
+                     held: Mapping[str, tuple[float, float]] | None = None) -> HistoryView:
+        """``held``: the previous view's :attr:`bounds` (a bound is let down slowly)."""
+        now = time.monotonic() if fetched_at is None else fetched_at
         features, estimates = {}, {}
         per_task: dict[str, list[float]] = {}
+        longest: dict[str, float] = {}  # per task, over every tenant's recent runs
         tenants = {pair[0]: runtimes for pair, (_, runtimes) in entries.items()
                    if pair[1] == ANY_TASK}
+        for pair, (_, runtimes) in entries.items():
+            if pair[1] != ANY_TASK:
+                longest[pair[1]] = max(longest.get(pair[1], 0.0), max(runtimes))
+        held = held or {}
+        longest = {task: held_bound(value, held.get(task), now)
+                   for task, value in longest.items()}
         for pair, (count, runtimes) in entries.items():
             if pair[1] == ANY_TASK:
                 continue
             features[pair] = history_features(runtimes, count, tenants.get(pair[0], ()))
-            estimates[pair] = estimate(runtimes)
+            estimates[pair] = (estimate(runtimes)[0], longest[pair[1]])
             per_task.setdefault(pair[1], []).extend(runtimes[:2])
-        task_estimates = {task: _pooled(rs) for task, rs in per_task.items()}
+        task_estimates = {task: (_pooled(rs)[0], longest[task])
+                          for task, rs in per_task.items()}
         tenant_features = {tenant: history_features((), 0, runtimes)
                            for tenant, runtimes in tenants.items()}
-        return cls(features, estimates, task_estimates, version,
-                   time.monotonic() if fetched_at is None else fetched_at, tenant_features)
+        return cls(features, estimates, task_estimates, version, now, tenant_features,
+                   {task: (value, now) for task, value in longest.items()})
 
     def of(self, tenant: str, task: str) -> History | None:
         """The history tuple of a task about to be published (None: nothing known)."""
@@ -244,7 +280,7 @@ class HistorySource:
         if version == previous.version:
             previous.fetched_at = now
             return previous
-        return HistoryView.from_entries(history.read(), version, now)
+        return HistoryView.from_entries(history.read(), version, now, previous.bounds)
 
 
 class HistorySink:

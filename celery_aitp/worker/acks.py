@@ -30,6 +30,7 @@ from typing import Any
 
 from celery.app.annotations import resolve_all
 from celery.app.task import Task
+from kombu.asynchronous import get_event_loop
 from kombu.utils.imports import symbol_by_name
 
 #: Task class -> whether its own body (or decorator options) set ``acks_late``.
@@ -170,11 +171,34 @@ class TierAckRequest:
     def task(self) -> Any:
         return self.late_task if self.tier_delivery else self._task
 
+    def acknowledge(self) -> None:
+        super().acknowledge()  # type: ignore[misc]
+        if self.tier_delivery:
+            wake_consumer()
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("on_success")
         if own is not None:
             cls.on_success = _ack_after_success(own)  # type: ignore[attr-defined]
+
+
+def wake_consumer() -> None:
+    """Wake the worker's event loop after a late ack.
+
+    The ack frees the process's prefetch slot, but the consumer asks the broker for the
+    next message only on its event loop's next turn; the ack comes from the pool's thread,
+    so without a wake-up that turn comes when the loop's poll times out (up to a second on
+    Redis), and a free process idles while tasks wait: in the placement benchmark short
+    tasks that arrived to a free process waited up to 0.5 s (p95), FIFO's 0.01 s.
+    """
+    hub = get_event_loop()
+    if hub is not None:
+        hub.call_soon(_nothing)
+
+
+def _nothing() -> None:
+    return None
 
 
 def _ack_after_success(on_success: Callable[..., Any]) -> Callable[..., Any]:

@@ -115,3 +115,16 @@ def test_the_snapshot_serialises_for_readers(store):
     data = source.fetch(store, source.initial).as_dict()
     assert data["usage_s"] == {"a": 1.0} and data["tiers"] == {"lo": 1.0}
     assert set(data) >= {"jain", "entropy", "fair_share", "demoted"}
+
+
+def test_the_default_tolerance_leaves_equal_tenants_alone_and_demotes_a_flood():
+    # Two equal tenants whose recent usage differs by chance (one drew the longer tasks)
+    # are not demoted by the defaults; one sending four times the other's is.
+    defaults = parse_policy({"tenants": {"a": {}, "b": {}, "default": {}}}).fair_share
+    weights = {"a": 1.0, "b": 1.0}
+    demoted, _ = demoted_tenants({"a": 60.0, "b": 40.0}, weights, defaults.tolerance,
+                                 defaults.min_active_share)
+    assert demoted == frozenset()
+    demoted, _ = demoted_tenants({"a": 80.0, "b": 20.0}, weights, defaults.tolerance,
+                                 defaults.min_active_share)
+    assert demoted == {"a"}

@@ -9,12 +9,14 @@ import pytest
 from celery_aitp.errors import StoreError
 from celery_aitp.predict.features import HISTORY_DEPTH
 from celery_aitp.predict.history import (
+    BOUND_HALF_LIFE_S,
     EMPTY_HISTORY,
     HistorySink,
     HistorySource,
     HistoryStore,
     HistoryView,
     estimate,
+    held_bound,
     parse_entry,
 )
 from celery_aitp.telemetry.counters import Counters
@@ -53,9 +55,48 @@ def test_cold_start_estimates_are_last_two_mean_and_longest_recent_run():
     rare_long = [0.03] * 19 + [1.0]
     assert estimate(rare_long)[1] == estimate([1.0, *[0.03] * 19])[1] == 1.0
     view = HistoryView.from_entries({("a", "t"): (5, [1.0, 3.0]), ("b", "t"): (1, [10.0])})
-    assert view.estimates[("a", "t")] == (2.0, 3.0)
+    # the bound is the task's longest recent run over every tenant (b's 10 s)
+    assert view.estimates[("a", "t")] == (2.0, 10.0)
     assert view.task_estimates["t"] == (14.0 / 3, 10.0)  # last two of each tenant, pooled
     assert view.features[("a", "t")][:3] == (2.0, 2.0, 5)
+
+
+def test_calls_of_one_task_get_the_same_cold_bound_whatever_the_tenant():
+    # acme drew a long call lately, globex did not: the history cannot tell their calls
+    # apart, so both get the same upper bound (one size class), each its own median
+    view = HistoryView.from_entries({("acme", "t"): (20, [0.03, 0.04, 1.2]),
+                                     ("globex", "t"): (20, [0.02, 0.05, 0.03]),
+                                     ("globex", "other"): (3, [0.01])})
+    assert view.estimates[("acme", "t")][1] == view.estimates[("globex", "t")][1] == 1.2
+    assert view.estimates[("globex", "t")][0] == pytest.approx(0.035)
+    assert view.estimates[("globex", "other")] == (0.01, 0.01)  # another task: its own
+
+
+def test_the_cold_bound_is_held_and_let_down_slowly():
+    # a heavy-tailed task: its 3 s call has left the window of recent runs, the bound
+    # stays (calls of the task keep one size class) and falls with the half-life
+    first = HistoryView.from_entries({("a", "t"): (20, [0.1, 3.0])}, fetched_at=0.0)
+    assert first.estimates[("a", "t")][1] == 3.0
+    later = HistoryView.from_entries({("a", "t"): (40, [0.1, 0.2])}, fetched_at=1.0,
+                                     held=first.bounds)
+    assert later.estimates[("a", "t")][1] == pytest.approx(3.0, rel=0.01)
+    much_later = HistoryView.from_entries({("a", "t"): (60, [0.1, 0.2])},
+                                          fetched_at=1.0 + 2 * BOUND_HALF_LIFE_S,
+                                          held=later.bounds)
+    assert much_later.estimates[("a", "t")][1] == pytest.approx(0.75, rel=0.01)
+    assert held_bound(0.2, (3.0, 0.0), 100 * BOUND_HALF_LIFE_S) == 0.2  # back to the runs
+    assert held_bound(5.0, (3.0, 0.0), 0.0) == 5.0  # a longer run raises it at once
+
+
+def test_the_source_holds_the_bound_across_rereads(store):
+    now = [0.0]
+    source = HistorySource(interval_s=0.0, clock=lambda: now[0])
+    history = HistoryStore(store)
+    history.add_runs([("acme", "t", 3.0)])
+    first = source.fetch(store, EMPTY_HISTORY)
+    history.add_runs([("acme", "t", 0.1)] * 25)  # the 3 s run leaves the window
+    now[0] = BOUND_HALF_LIFE_S
+    assert source.fetch(store, first).estimates[("acme", "t")][1] == pytest.approx(1.5)
 
 
 def test_a_tenants_first_run_of_a_task_gets_the_tenants_history(store):

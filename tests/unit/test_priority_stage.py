@@ -32,7 +32,8 @@ def view(demoted=(), profiles=None, classes=None) -> View:
                 sources=MappingProxyType(sources))
 
 
-def decide(request: Request, policy=POLICY, snapshot=None, p50=None, p90=None, now=1000.0):
+def decide(request: Request, policy=POLICY, snapshot=None, p50=None, p90=None, now=1000.0,
+           source=None):
     stages = default_stages(policy)
     if p50 is not None or p90 is not None:
         class Predict:
@@ -40,6 +41,7 @@ def decide(request: Request, policy=POLICY, snapshot=None, p50=None, p90=None, n
 
             def __call__(self, request, decision, view):
                 decision.predicted_runtime_s, decision.predicted_p90_s = p50, p90
+                decision.prediction_source = source
 
         stages["predict"] = Predict()
     pipeline = Pipeline(stages)
@@ -91,6 +93,25 @@ def test_tiers_are_size_classes_and_the_p90_counts():
     other_class, _ = decide(req(task="render"), p50=0.05, p90=0.1,
                             snapshot=view(profiles={"render": gpu}, classes=CLASSES))
     assert other_class.tier == "lo"  # no boundaries for gpu yet
+
+
+def test_cold_start_sizes_have_their_own_histogram_and_boundaries():
+    # a model's p90 and the history's per-task bound are ranked, and counted, apart: a
+    # model's first sizes are not ranked among the cold-start bounds of before
+    model, stage = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=CLASSES),
+                          source="model")
+    assert model.tier == "hi"
+    assert [c.item[0] for c in stage.charges_of(model)][1:] == ["cpu"]
+    cold, stage = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=CLASSES),
+                         source="history")
+    assert cold.tier == "lo"  # no cold-start boundaries yet
+    assert [c.item[0] for c in stage.charges_of(cold)][1:] == ["cpu~history"]
+    both = SizeClasses({"cpu": CLASSES.cuts["cpu"],
+                        "cpu~history": (size_bin(0.01), size_bin(0.05))})
+    cold, _ = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=both),
+                     source="task_history")
+    assert cold.tier == "lo" and cold.tier_steps["bounds_s"] == pytest.approx(
+        list(both.bounds["cpu~history"]))
 
 
 def test_urgency_shortens_the_effective_size():

@@ -125,6 +125,36 @@ def test_a_tier_delivery_is_acknowledged_after_the_run_not_at_its_start(app):
     assert delivery.acks == ["ack"]
 
 
+class WakeCounter:
+    """Stands in for the worker's event loop: counts wake-ups (call_soon)."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+    def call_soon(self, callback: Any, *args: Any) -> None:
+        self.calls.append(callback)
+
+
+def test_a_late_ack_wakes_the_consumer_and_an_early_one_does_not(app):
+    # the freed prefetch slot is refilled on the loop's next turn, not when its poll
+    # times out; an early ack (default queue) frees no slot a run was holding
+    from kombu.asynchronous import get_event_loop, set_event_loop
+
+    acks.ack_tier_deliveries_late(app, [TIER])
+    loop, before = WakeCounter(), get_event_loop()
+    set_event_loop(loop)  # type: ignore[arg-type]
+    try:
+        delivery = Delivery(app, "acks.plain", TIER).start()
+        assert loop.calls == []
+        delivery.succeed()
+        assert delivery.acks == ["ack"] and len(loop.calls) == 1
+        Delivery(app, "acks.plain", "default-q").start().succeed()
+        assert len(loop.calls) == 1
+    finally:
+        set_event_loop(before)
+    Delivery(app, "acks.plain", TIER).start().succeed()  # no loop (not a worker): no error
+
+
 def test_a_default_queue_delivery_keeps_the_tasks_early_ack(app):
     acks.ack_tier_deliveries_late(app, [TIER])
     delivery = Delivery(app, "acks.plain", "default-q").start()
