@@ -1,6 +1,7 @@
 """Placement with nothing declared: plain Celery FIFO vs celery_aitp, real workers.
 
     python benchmarks/placement.py [--broker redis://127.0.0.1:6379/15] [--quick]
+        [--amqp amqp://guest:guest@127.0.0.1:5672/VHOST]
 
 One 4-process worker (threads pool: the tasks sleep), one undeclared task ``job(d)``
 whose argument decides its runtime, Poisson arrivals at 85% of the worker's capacity,
@@ -23,6 +24,10 @@ Metrics (one definition, used for every run):
   oracle's; short tasks' p95 wait <= 0.3x FIFO's; long tasks' longest wait <= 2x FIFO's;
   and for ``cold``: mean slowdown <= FIFO's.
 
+With ``--amqp`` the tasks go through RabbitMQ (give it a vhost of its own: its tier queues
+are deleted before and after each deployment), while the store and the timings stay in
+the ``--broker`` Redis database; results are written as ``placement-rabbitmq.*``.
+
 Prints the table with ratios and met/missed per target; writes
 ``benchmarks/results/placement.json`` and ``placement.md``. Uses only its own keys in the
 given database and refuses one whose tier queues hold messages.
@@ -31,6 +36,7 @@ given database and refuses one whose tier queues hold messages.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import json
 import math
@@ -65,6 +71,7 @@ from benchmarks.placement_workloads import (  # noqa: E402
 )
 from celery_aitp.policy import load_policy  # noqa: E402
 from celery_aitp.queues import all_tier_queues  # noqa: E402
+from celery_aitp.redact import redact  # noqa: E402
 
 APP = "benchmarks.placement_app"
 RUNS = ("fifo", "oracle", "cold", "aitp")
@@ -203,13 +210,16 @@ class Bench:
     """The runs of one workload on one broker."""
 
     def __init__(self, broker: str, workload: str, items: list[Item],
-                 policy: str | None = None, attempts: int = 2) -> None:
-        self.broker = broker
+                 policy: str | None = None, attempts: int = 2, amqp: str | None = None
+                 ) -> None:
+        self.store = broker  # celery_aitp's store and the timings: always Redis
+        self.amqp = amqp
+        self.broker = amqp or broker
         self.attempts = attempts
         self.policy = policy
         self.workload = workload
         self.items = items
-        self.client = redis.Redis.from_url(broker)
+        self.client = redis.Redis.from_url(self.store)
         self.tag = f"aitp-place-{os.getpid()}-{workload}"
         parsed = load_policy(POLICY)
         self.tier_queues = all_tier_queues(parsed.tenants, parsed.accelerators,
@@ -223,6 +233,8 @@ class Bench:
         return f"{self.tag}-{deployment}", f"{self.tag}-{deployment}-q"
 
     def check_free(self) -> None:
+        if self.amqp:
+            return  # a vhost of its own; cleanup() deletes the tier queues
         busy = {q: n for q in self.tier_queues if (n := self.client.llen(q))}
         if busy:
             raise SystemExit(f"error: {self.broker} is in use (tier queues hold messages: "
@@ -237,10 +249,28 @@ class Bench:
             keys = list(self.client.scan_iter(pattern, count=1000))
             if keys:
                 self.client.delete(*keys)
+        if self.amqp:
+            self.delete_amqp_queues([queue, *self.tier_queues])
+
+    def delete_amqp_queues(self, queues: list[str]) -> None:
+        """Delete the run's queues from the RabbitMQ vhost (absent ones are fine)."""
+        from kombu import Connection
+
+        with Connection(self.amqp) as conn:
+            for name in queues:
+                channel = conn.channel()
+                try:
+                    channel.queue_delete(name)
+                except Exception:  # noqa: BLE001 - absent: the channel is closed
+                    pass
+                finally:
+                    with contextlib.suppress(Exception):
+                        channel.close()
 
     def env(self, mode: str, deployment: str) -> dict[str, str]:
         prefix, queue = self.names(deployment)
         return {"AITP_BENCH_MODE": mode, "AITP_BENCH_BROKER": self.broker,
+                "AITP_BENCH_STORE": self.store,
                 "AITP_BENCH_PREFIX": prefix, "AITP_BENCH_QUEUE": queue,
                 "AITP_BENCH_POLICY": self.policy or ""}
 
@@ -264,7 +294,8 @@ class Bench:
         """One deployment (fresh keys, one worker) and its runs, in order."""
         mode = "fifo" if name == "fifo" else "oracle" if name == "oracle" else "aitp"
         self.cleanup(name)
-        app = make_app(mode, self.broker, *self.names(name), policy_with(self.policy))
+        app = make_app(mode, self.broker, *self.names(name), policy_with(self.policy),
+                       store=self.store)
         if mode != "fifo":
             app.aitp.store.write_stage({"stage": "takeover", "split": {}}, who="benchmark")
         out: dict[str, Figures] = {}
@@ -399,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--broker", default=os.environ.get("AITP_BENCH_REDIS_URL",
                                                            "redis://127.0.0.1:6379/14"),
                         help="Redis database the benchmark may use (broker and store)")
+    parser.add_argument("--amqp", default=None,
+                        help="RabbitMQ URL (a vhost of its own) to use as the broker; the "
+                             "store and timings stay in --broker")
     parser.add_argument("--quick", action="store_true", help="short runs (for iteration)")
     parser.add_argument("--duration", type=float, default=None,
                         help="seconds of arrivals per run (default 60; 20 with --quick)")
@@ -429,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, Any] = {}
     for name in workloads:
         items = WORKLOADS[name].schedule(duration, args.seed + list(WORKLOADS).index(name))
-        bench = Bench(args.broker, name, items, args.policy, max(1, args.attempts))
+        bench = Bench(args.broker, name, items, args.policy, max(1, args.attempts), args.amqp)
         bench.check_free()
         # the window the arrivals were scaled to (the last arrival may come before its end)
         span = sum(i.runtime_s for i in items) / (SLOTS * LOAD) if items else duration
@@ -459,15 +493,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {line}")
     print(f"done in {elapsed:.0f}s")
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "placement-quick" if args.quick else "placement"
+    stem = "placement" + ("-rabbitmq" if args.amqp else "") + ("-quick" if args.quick else "")
     (args.out / f"{stem}.md").write_text(md)
     doc = {
         "command": "python benchmarks/placement.py " + " ".join(
-            Path(a).name if os.path.isabs(a) else a  # no path of the machine it ran on
+            # no path of the machine it ran on, no password of a broker URL
+            Path(a).name if os.path.isabs(a) else redact(a)
             for a in (sys.argv[1:] if argv is None else argv)),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_average_1m_before_after": (load_before, os.getloadavg()[0])},
-        "config": {"duration_s": duration, "load": LOAD, "processes": SLOTS,
+        "config": {"broker": "rabbitmq" if args.amqp else "redis", "duration_s": duration,
+                   "load": LOAD, "processes": SLOTS,
                    "seed": args.seed, "slowdown_bound_s": SLOWDOWN_BOUND_S,
                    "short_share": SHORT_SHARE},
         "workloads": {name: {**meta[name], "notes": notes[name],

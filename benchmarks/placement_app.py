@@ -9,7 +9,8 @@ Plain Celery's worker settings are left as they are (the AITP worker sets what t
 order needs itself); results are ignored.
 
 Workers import this module and read their mode from the environment
-(``AITP_BENCH_MODE``, ``AITP_BENCH_BROKER``, ``AITP_BENCH_PREFIX``, ``AITP_BENCH_QUEUE``).
+(``AITP_BENCH_MODE``, ``AITP_BENCH_BROKER``, ``AITP_BENCH_PREFIX``, ``AITP_BENCH_QUEUE``,
+``AITP_BENCH_STORE`` with a RabbitMQ broker).
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ def policy_with(extra: str | None) -> dict[str, Any]:
 
 
 def make_app(mode: str, broker: str, prefix: str, queue: str,
-             policy: dict[str, Any] | None = None) -> Celery:
+             policy: dict[str, Any] | None = None, store: str | None = None) -> Celery:
+    """The app of one run. ``store``: the Redis database of celery_aitp's store and of the
+    tasks' timings when the broker is not Redis (RabbitMQ); None: the broker's."""
+    store = store or broker
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     app = Celery(f"placement_{mode}", broker=broker)
@@ -46,12 +50,12 @@ def make_app(mode: str, broker: str, prefix: str, queue: str,
     if mode != "fifo":
         import celery_aitp
 
-        celery_aitp.install(app, policy=policy or POLICY, key_prefix=prefix, store_url=broker)
+        celery_aitp.install(app, policy=policy or POLICY, key_prefix=prefix, store_url=store)
         if mode == "oracle":
             from celery_aitp.replay.routers import OraclePredictStage
 
             app.aitp.use_stage("predict", OraclePredictStage(header=RUNTIME_HEADER))
-    sink = redis.Redis.from_url(broker)
+    sink = redis.Redis.from_url(store)
     key = results_key(queue)
 
     @app.task(name=TASK, bind=True, shared=False)
@@ -79,4 +83,5 @@ app = make_app(
     os.environ.get("AITP_BENCH_PREFIX", "aitp-placement"),
     os.environ.get("AITP_BENCH_QUEUE", "aitp-placement"),
     policy_with(os.environ.get("AITP_BENCH_POLICY")),
+    os.environ.get("AITP_BENCH_STORE") or None,
 )
