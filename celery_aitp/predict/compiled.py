@@ -26,8 +26,10 @@ from typing import Any
 
 from celery_aitp.errors import ModelError
 
-#: LightGBM's ``kZeroThreshold``: values this close to 0 count as zero.
-ZERO_THRESHOLD = 1e-35
+#: LightGBM's ``kZeroThreshold``: values this close to 0 count as zero. LightGBM declares
+#: it ``const double kZeroThreshold = 1e-35f``: the float 1e-35 widened to a double,
+#: 1.0000000180025095e-35, not the double 1e-35 (a value between the two is zero to it).
+ZERO_THRESHOLD = 1.0000000180025095e-35
 #: Entries kept in a prediction cache before it starts over.
 CACHE_SIZE = 65_536
 #: Python refuses deeper nesting; LightGBM trees deeper than this are refused.
