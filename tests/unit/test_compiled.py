@@ -180,3 +180,36 @@ def test_the_zero_band_edge_agrees_with_lightgbm():
              math.nextafter(-FLOAT_ZERO_EDGE, -math.inf), math.nextafter(FLOAT_ZERO_EDGE, 1.0)]
     rows = [[e, b] for e in edges for b in (-1.0, 0.5)]
     assert [forest(r) for r in rows] == model.predict(np.array(rows), raw_score=True).tolist()
+
+
+def _thresholds(node: dict) -> set[float]:
+    if "leaf_value" in node:
+        return set()
+    own = {node["threshold"]} if node.get("decision_type") == "<=" else set()
+    return own | _thresholds(node["left_child"]) | _thresholds(node["right_child"])
+
+
+@pytest.mark.parametrize("params", [{}, {"use_missing": False}])
+def test_values_in_the_zero_band_go_where_zero_goes_as_in_lightgbm(params):
+    # LightGBM's predictor reads |v| <= 1e-35f as 0.0 and puts bin bounds at -1e-35f,
+    # so a value exactly there must not go left of a split at it
+    rng = np.random.default_rng(5)
+    n = 3000
+    x = np.column_stack([np.where(rng.random(n) < 0.4, 0.0, rng.normal(0, 3, n)),
+                         rng.normal(size=n)])
+    y = np.where(x[:, 0] == 0.0, 5.0, np.where(x[:, 0] < 0, -3.0, x[:, 0])) + x[:, 1]
+    model = lightgbm.train({"objective": "regression", "num_leaves": 7, "verbose": -1,
+                            "seed": 1, **params},
+                           lightgbm.Dataset(x, y, params={"verbose": -1}), 20)
+    dump = model.dump_model()
+    split_at = set().union(*(_thresholds(t["tree_structure"]) for t in dump["tree_info"]))
+    assert split_at & {-FLOAT_ZERO_EDGE, FLOAT_ZERO_EDGE}  # the case this test is about
+    forest, _usage, _source = compile_forest(dump, 2)
+    band = [-FLOAT_ZERO_EDGE, FLOAT_ZERO_EDGE, -1e-36, 1e-36, 0.0, -0.0,
+            math.nextafter(-FLOAT_ZERO_EDGE, -math.inf), math.nextafter(FLOAT_ZERO_EDGE, 1.0)]
+    rows = [[v, b] for v in band for b in (-1.0, 0.5)]
+    assert [forest(r) for r in rows] == model.predict(np.array(rows), raw_score=True).tolist()
+    compiled = CompiledRuntimeModel(dump, dump, 2)
+    assert compiled.key_scores is not None
+    for r in rows:
+        assert compiled.key_scores(compiled.key(r)) == compiled.scores(r)
