@@ -26,8 +26,10 @@ from typing import Any
 
 from celery_aitp.errors import ModelError
 
-#: LightGBM's ``kZeroThreshold``: values this close to 0 count as zero.
-ZERO_THRESHOLD = 1e-35
+#: LightGBM's ``kZeroThreshold``: values this close to 0 count as zero. LightGBM declares
+#: it ``const double kZeroThreshold = 1e-35f``: the float 1e-35 widened to a double,
+#: 1.0000000180025095e-35, not the double 1e-35 (a value between the two is zero to it).
+ZERO_THRESHOLD = 1.0000000180025095e-35
 #: Entries kept in a prediction cache before it starts over.
 CACHE_SIZE = 65_536
 #: Python refuses deeper nesting; LightGBM trees deeper than this are refused.
@@ -66,11 +68,23 @@ def _threshold(node: Mapping[str, Any]) -> float:
 
     LightGBM writes ``inf`` for a split at its last bin's upper bound: every number goes
     left and only a missing value goes right.
+
+    LightGBM's predictor reads every input within ``ZERO_THRESHOLD`` of 0 as 0.0 (it
+    leaves such values out of the row it builds), so a threshold inside that band is
+    moved to the band's edge on its side: ``v <= t`` for ``-ZERO_THRESHOLD <= t < 0``
+    holds for LightGBM exactly when ``v < -ZERO_THRESHOLD``, and for
+    ``0 <= t < ZERO_THRESHOLD`` exactly when ``v <= ZERO_THRESHOLD``. (LightGBM puts bin
+    bounds at ``-ZERO_THRESHOLD``: a value there went the other way than in LightGBM.)
     """
     value = node.get("threshold")
     if value == math.inf:
         return math.inf
-    return _number(value, "threshold")
+    t = _number(value, "threshold")
+    if -ZERO_THRESHOLD <= t < 0.0:
+        return _ZERO_EDGES[0]
+    if 0.0 <= t < ZERO_THRESHOLD:
+        return ZERO_THRESHOLD
+    return t
 
 
 def _literal(t: float) -> str:

@@ -133,3 +133,83 @@ def test_forests_over_the_cache_key_give_the_same_doubles(params):
         assert model.key_scores(model.key(row)) == model.scores(row)
     model.cache.clear()
     assert [model.predict(r)[:2] for r in rows] == [model.evaluate(r) for r in rows]
+
+
+#: LightGBM's zero band edge: ``kZeroThreshold = 1e-35f``, a float widened to a double.
+FLOAT_ZERO_EDGE = float(np.float32(1e-35))
+
+
+def _zero_split_dump(default_left: bool) -> dict:
+    """One tree, one split of feature 0 at -1.0 whose missing values are zeros."""
+    return {"tree_info": [{"tree_structure": {
+        "split_feature": 0, "threshold": -1.0, "decision_type": "<=",
+        "missing_type": "Zero", "default_left": default_left,
+        "left_child": {"leaf_value": 1.0}, "right_child": {"leaf_value": 2.0}}}]}
+
+
+@pytest.mark.parametrize("value", [-FLOAT_ZERO_EDGE, FLOAT_ZERO_EDGE, -1e-35, 0.0])
+def test_values_up_to_the_float_zero_threshold_count_as_zero(value):
+    # LightGBM's IsZero is |v| <= 1e-35f: each of these takes the default (left) branch,
+    # though -1.0000000180025095e-35 is beyond the double -1e-35.
+    assert FLOAT_ZERO_EDGE > 1e-35
+    forest, _usage, _source = compile_forest(_zero_split_dump(default_left=True), 1)
+    assert forest([value]) == 1.0
+    model = CompiledRuntimeModel(_zero_split_dump(True), _zero_split_dump(True), 1)
+    assert model.key_scores is not None
+    assert model.key_scores(model.key([value])) == model.scores([value]) == (1.0, 1.0)
+
+
+def test_just_beyond_the_float_zero_threshold_is_a_number():
+    forest, _usage, _source = compile_forest(_zero_split_dump(default_left=True), 1)
+    assert forest([math.nextafter(-FLOAT_ZERO_EDGE, -math.inf)]) == 2.0  # > -1.0: right
+    assert forest([math.nextafter(FLOAT_ZERO_EDGE, math.inf)]) == 2.0
+
+
+def test_the_zero_band_edge_agrees_with_lightgbm():
+    # a feature whose zeros are missing: LightGBM's own predictions at the band's edge
+    rng = np.random.default_rng(3)
+    n = 2000
+    x = np.column_stack([np.where(rng.random(n) < 0.4, 0.0, rng.normal(0, 3, n)),
+                         rng.normal(size=n)])
+    y = np.where(x[:, 0] == 0.0, 5.0, x[:, 0]) + x[:, 1]
+    model = lightgbm.train({"objective": "regression", "num_leaves": 7, "verbose": -1,
+                            "zero_as_missing": True, "seed": 1},
+                           lightgbm.Dataset(x, y, params={"verbose": -1}), 20)
+    forest, _usage, _source = compile_forest(model.dump_model(), 2)
+    edges = [-FLOAT_ZERO_EDGE, FLOAT_ZERO_EDGE, -1e-35, 1e-35,
+             math.nextafter(-FLOAT_ZERO_EDGE, -math.inf), math.nextafter(FLOAT_ZERO_EDGE, 1.0)]
+    rows = [[e, b] for e in edges for b in (-1.0, 0.5)]
+    assert [forest(r) for r in rows] == model.predict(np.array(rows), raw_score=True).tolist()
+
+
+def _thresholds(node: dict) -> set[float]:
+    if "leaf_value" in node:
+        return set()
+    own = {node["threshold"]} if node.get("decision_type") == "<=" else set()
+    return own | _thresholds(node["left_child"]) | _thresholds(node["right_child"])
+
+
+@pytest.mark.parametrize("params", [{}, {"use_missing": False}])
+def test_values_in_the_zero_band_go_where_zero_goes_as_in_lightgbm(params):
+    # LightGBM's predictor reads |v| <= 1e-35f as 0.0 and puts bin bounds at -1e-35f,
+    # so a value exactly there must not go left of a split at it
+    rng = np.random.default_rng(5)
+    n = 3000
+    x = np.column_stack([np.where(rng.random(n) < 0.4, 0.0, rng.normal(0, 3, n)),
+                         rng.normal(size=n)])
+    y = np.where(x[:, 0] == 0.0, 5.0, np.where(x[:, 0] < 0, -3.0, x[:, 0])) + x[:, 1]
+    model = lightgbm.train({"objective": "regression", "num_leaves": 7, "verbose": -1,
+                            "seed": 1, **params},
+                           lightgbm.Dataset(x, y, params={"verbose": -1}), 20)
+    dump = model.dump_model()
+    split_at = set().union(*(_thresholds(t["tree_structure"]) for t in dump["tree_info"]))
+    assert split_at & {-FLOAT_ZERO_EDGE, FLOAT_ZERO_EDGE}  # the case this test is about
+    forest, _usage, _source = compile_forest(dump, 2)
+    band = [-FLOAT_ZERO_EDGE, FLOAT_ZERO_EDGE, -1e-36, 1e-36, 0.0, -0.0,
+            math.nextafter(-FLOAT_ZERO_EDGE, -math.inf), math.nextafter(FLOAT_ZERO_EDGE, 1.0)]
+    rows = [[v, b] for v in band for b in (-1.0, 0.5)]
+    assert [forest(r) for r in rows] == model.predict(np.array(rows), raw_score=True).tolist()
+    compiled = CompiledRuntimeModel(dump, dump, 2)
+    assert compiled.key_scores is not None
+    for r in rows:
+        assert compiled.key_scores(compiled.key(r)) == compiled.scores(r)

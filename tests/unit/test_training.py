@@ -149,6 +149,22 @@ def test_runtimes_set_by_the_arguments_get_a_direct_model(synthetic_records):
     assert forced.bundle is not None and forced.bundle.meta["target"] == "log(runtime_s / base)"
 
 
+def test_the_direct_model_takes_larger_steps_than_the_residual_model(synthetic_records):
+    # each kind boosts at its own learning rate: the model text LightGBM wrote says which
+    config = TrainConfig(rounds=30, p90_rounds=3, probe_rounds=15, learning_rate=0.07,
+                         direct_learning_rate=0.35)
+    direct = train(synthetic_records, config).bundle
+    residual = train(_history_led_records(), config).bundle
+    assert direct is not None and direct.meta["target"] == "log(runtime_s)"
+    assert residual is not None and residual.meta["target"] == "log(runtime_s / base)"
+    assert "[learning_rate: 0.35]" in direct.p50_text
+    assert direct.meta["params"]["p50"]["learning_rate"] == 0.35
+    assert "[learning_rate: 0.07]" in residual.p50_text
+    assert residual.meta["params"]["p50"]["learning_rate"] == 0.07
+    # the p90 offset model keeps its own rate either way
+    assert f"[learning_rate: {config.p90_learning_rate}]" in direct.p90_text
+
+
 def test_the_final_rows_are_the_training_rows_then_the_validation_rows(synthetic_records):
     from celery_aitp.learn.train import Matrix, make_spec
 
