@@ -210,3 +210,17 @@ class Simulation:
         self.done.append(job)
         self.ledger.add({"task": job.task, "tenant": job.tenant, "runtime_s": job.runtime_s,
                          "cpu_s": job.runtime_s * 0.9, "used_accelerator": worker.probe(job)})
+
+
+def waits_within_bound(sim: Simulation, done: list[Job], jobs: list[Job],
+                       processes: int) -> list[float]:
+    """Assert each of ``jobs`` started within the weighted tier order's documented bound
+    (``tier_cycle.longest_wait_s``, with the longest runtime of ``done``); their waits."""
+    max_runtime = max(j.runtime_s for j in done)
+    waits = []
+    for job in jobs:
+        bound = tier_cycle.longest_wait_s(sim.weights, job.queue, job.ahead, processes,
+                                          max_runtime)
+        waits.append(job.started_at - job.published_at)
+        assert waits[-1] <= bound, (job, bound)
+    return waits
