@@ -379,3 +379,26 @@ def test_the_janitor_drains_a_lane_without_a_live_consumer(store) -> None:
     store.advertise("old", ["aitp.std.cpu.hi", "aitp.std.cpu.mid", "aitp.std.cpu.lo"], {}, 60)
     assert janitor.sweep() == {"aitp.std~over.cpu.lo": 2}
     assert [m for _, m in ops.queues["celery"]] == ["a", "b"]
+
+
+def test_on_rabbitmq_a_lane_is_the_level_below_the_lowest_tier_in_its_class_queue() -> None:
+    from celery_aitp.layout import PerTenantLayout, physical_groups
+    from celery_aitp.worker.aging import AgingPlan, Selector
+
+    layout = PerTenantLayout(POLICY.tier_names)
+    lane = "aitp.std~over.cpu.lo"
+    assert layout.physical(lane) == "aitp.std.cpu"
+    assert layout.priority(lane) == 0 < layout.priority("aitp.std.cpu.lo")
+    queues = WorkerPlan(POLICY, "std", None, None, False).queue_names()
+    assert list(physical_groups(layout, queues)) == ["aitp.std.cpu"]  # one consumer
+    # aging raises a lane message as it does the lowest tier's (no starvation)
+    target, ages = AgingPlan(POLICY, layout).selectors["aitp.std.cpu"]
+    lowest_age = ages[layout.priority("aitp.std.cpu.lo")]
+
+    def header(published_at: float) -> dict[str, Any]:
+        return {"aitp": {"decided_at": published_at}}
+
+    assert Selector(ages, target, now=1000.0).decide(0, header(1000.0 - lowest_age + 1)) \
+        is None  # younger than the lowest tier's promotion age: stays
+    assert Selector(ages, target, now=1000.0).decide(0, header(1000.0 - lowest_age - 1)) \
+        == target  # older: raised to the class's top priority
