@@ -61,8 +61,11 @@ class RouteStage:
         usage = view.sources.get(USAGE_SOURCE)
         return usage is not None and tenant in usage.demoted
 
-    def memo_key(self, request: Request, decision: Decision, view: View) -> tuple[bool]:
-        """Whether the tenant is above its fair share (the lane); tenant, accelerator and
-        tier come from earlier stages, freshness and live queues from the view (see
-        ``Pipeline.key``)."""
+    def memo_key(self, request: Request, decision: Decision, view: View
+                 ) -> tuple[bool, ...]:
+        """With tenant classes, whether the tenant is above its fair share (the lane);
+        tenant, accelerator and tier come from earlier stages, freshness and live queues
+        from the view (see ``Pipeline.key``)."""
+        if not self.classes:
+            return ()
         return (self._over_share(decision.tenant, view),)
