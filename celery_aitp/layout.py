@@ -13,7 +13,11 @@ queues, laid out so that a worker reads the highest tier first:
   accelerator, ``aitp.<tenant>.<accelerator>``, and the tier becomes the message
   priority (highest tier, highest priority). A task with a priority of its own cannot
   keep it in there, so it keeps Celery's route instead
-  (:mod:`celery_aitp.publish.caller_priority`).
+  (:mod:`celery_aitp.publish.caller_priority`). A class's over-share lane
+  (``aitp.<class>~over.<accelerator>.<lowest tier>``) is the level below the lowest tier
+  in its class's queue (priority 0): read after every tier of the class, and raised by
+  aging like the lowest tier (a separate queue would be served alternately with the
+  class's, whatever the tiers).
 
 Producers and workers build declarations only here, so they are identical (RabbitMQ
 refuses a second declaration with other arguments). The RabbitMQ declaration does not
@@ -27,7 +31,7 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
-from celery_aitp.queues import PREFIX, parse_tier_queue, tier_queue_name
+from celery_aitp.queues import PREFIX, lane_class, parse_tier_queue, tier_queue_name
 
 #: ``x-max-priority`` of RabbitMQ tier queues; a policy has at most 10 tiers.
 AMQP_MAX_PRIORITY = 10
@@ -80,11 +84,14 @@ class PerTenantLayout:
         if parts is None:
             return logical
         tenant, accelerator, _tier = parts
-        return f"{PREFIX}.{tenant}.{accelerator}"
+        return f"{PREFIX}.{lane_class(tenant) or tenant}.{accelerator}"
 
     def priority(self, logical: str) -> int:
+        """The tier's priority; 0 (below every tier) for an over-share lane."""
         parts = parse_tier_queue(logical)
-        return self._priority.get(parts[2], 0) if parts else 0
+        if parts is None or lane_class(parts[0]) is not None:
+            return 0
+        return self._priority.get(parts[2], 0)
 
     def declaration(self, physical: str) -> Queue:
         return _queue(physical, {"x-max-priority": AMQP_MAX_PRIORITY})

@@ -1,14 +1,22 @@
 """Logical tier queue names: ``aitp.<tenant>.<accelerator>.<tier>``.
 
+A tenant class also has an *over-share lane* per accelerator,
+``aitp.<class>~over.<accelerator>.<lowest tier>``: the tasks of its tenants that are
+above their fair share wait there, apart from the class's other tenants (``~`` is in no
+tenant or class name, so a lane's owner never collides with one).
+
 These names appear in decisions, headers, advertisements and records on every broker;
 where the messages physically wait is :mod:`celery_aitp.layout`'s business.
 """
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
 PREFIX = "aitp"
+#: Suffix of an over-share lane's owner: ``<class>~over``.
+LANE_SUFFIX = "~over"
 
 
 def tier_queue_name(tenant: str, accelerator: str, tier: str) -> str:
@@ -36,3 +44,43 @@ def all_tier_queues(tenants: Any, accelerators: Any, tiers: Any) -> list[str]:
         for tenant in tenants
         for accelerator in accelerators
     ]
+
+
+def lane_owner(tenant_class: str) -> str:
+    """The owner name of a class's over-share lane."""
+    return tenant_class + LANE_SUFFIX
+
+
+def lane_class(owner: str) -> str | None:
+    """The class whose over-share lane ``owner`` names; None for any other owner."""
+    if owner.endswith(LANE_SUFFIX) and len(owner) > len(LANE_SUFFIX):
+        return owner[: -len(LANE_SUFFIX)]
+    return None
+
+
+def lane_queues(classes: Iterable[str], accelerators: Iterable[str], tiers: Sequence[str]
+                ) -> list[str]:
+    """The over-share lanes of ``classes`` (one per accelerator, at the lowest tier)."""
+    accelerators = list(accelerators)
+    return [tier_queue_name(lane_owner(c), a, tiers[-1]) for c in classes for a in accelerators]
+
+
+def served_queues(owners: Sequence[str], classes: Container[str], accelerator: str,
+                  tiers: Sequence[str], lowest: str) -> list[str]:
+    """The tier queues a worker serving ``owners`` reads, highest tier first, then owners
+    in the order given, then the lanes of the classes among them (when it serves the
+    lowest tier)."""
+    queues = [tier_queue_name(o, accelerator, tier) for tier in tiers for o in owners]
+    if lowest in tiers:
+        queues += [tier_queue_name(lane_owner(o), accelerator, lowest)
+                   for o in owners if o in classes]
+    return queues
+
+
+def policy_queues(owners: Iterable[str], classes: Iterable[str], accelerators: Iterable[str],
+                  tiers: Sequence[str]) -> list[str]:
+    """Every tier queue a policy can produce: owners' queues, then the classes' lanes
+    (``classes x accelerators x (tiers + 1)`` for the classes)."""
+    accelerators = list(accelerators)
+    return all_tier_queues(owners, accelerators, tiers) + lane_queues(classes, accelerators,
+                                                                      tiers)

@@ -26,7 +26,7 @@ from celery_aitp.errors import StoreError
 from celery_aitp.layout import Layout, PerTierLayout, physical_groups
 from celery_aitp.numbers import finite_number
 from celery_aitp.policy import Policy
-from celery_aitp.queues import all_tier_queues, parse_tier_queue
+from celery_aitp.queues import parse_tier_queue, policy_queues
 from celery_aitp.redact import redact
 from celery_aitp.scheduling.spill import read_capacity
 from celery_aitp.scheduling.usage import read_usage
@@ -202,8 +202,9 @@ class Fleet:
         self._snapshot: Snapshot | None = None
         #: Background builds started (a stale snapshot answered meanwhile).
         self.background_builds = 0
-        self.known_queues = [default_queue] + all_tier_queues(
-            policy.queue_owners(), policy.accelerators, policy.tier_names)
+        self.known_queues = [default_queue] + policy_queues(
+            policy.queue_owners(), policy.tenant_classes, policy.accelerators,
+            policy.tier_names)
         self._known_set = frozenset(self.known_queues)
 
     def snapshot(self, max_age_s: float | None = None) -> Snapshot:

@@ -7,14 +7,21 @@ from celery_aitp.cache import BoundedDict
 from celery_aitp.core.request import Decision, Request
 from celery_aitp.core.view import View
 from celery_aitp.policy import Policy
-from celery_aitp.queues import tier_queue_name
+from celery_aitp.queues import lane_owner, tier_queue_name
+from celery_aitp.scheduling.usage import USAGE_SOURCE
 
 
 class RouteStage:
     """The tier queue for (tenant, accelerator, tier), if some live worker serves it.
 
     A tenant of a class (``tenant_class``, or not listed with ``unlisted_tenants`` set)
-    uses its class's queues: ``aitp.<class>.<accelerator>.<tier>``.
+    uses its class's queues: ``aitp.<class>.<accelerator>.<tier>``. While such a tenant
+    is above its fair share (the ``usage`` source's ``demoted``, with ``fair_share``
+    on), its tasks go to the class's over-share lane instead,
+    ``aitp.<class>~over.<accelerator>.<lowest tier>``: workers serving the class read
+    the lane with the demoted weight, so the flooder's backlog waits there and not ahead
+    of the class's other tenants in the shared FIFO queues. The lane, like any tier
+    queue, is routed to only while a live worker advertises it.
     """
 
     name = "route"
@@ -22,6 +29,9 @@ class RouteStage:
     def __init__(self, policy: Policy | None = None) -> None:
         self.policy = policy
         self._owner: BoundedDict[str, str] = BoundedDict(100_000)  # unlisted: open-ended
+        self.classes = frozenset(policy.tenant_classes) if policy is not None else frozenset()
+        self.fair_share = policy is not None and policy.fair_share.enabled
+        self.lowest = policy.tier_names[-1] if policy is not None else ""
 
     def owner(self, tenant: str) -> str:
         owner = self._owner.get(tenant)
@@ -31,7 +41,11 @@ class RouteStage:
         return owner
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
-        queue = tier_queue_name(self.owner(decision.tenant), decision.accelerator, decision.tier)
+        owner = self.owner(decision.tenant)
+        if owner in self.classes and self._over_share(decision.tenant, view):
+            queue = tier_queue_name(lane_owner(owner), decision.accelerator, self.lowest)
+        else:
+            queue = tier_queue_name(owner, decision.accelerator, decision.tier)
         decision.queue = queue
         if not view.fresh:
             decision.fall_back("store_unreachable")
@@ -41,6 +55,17 @@ class RouteStage:
             decision.routed = True
             decision.reason = "routed"
 
-    #: Nothing: tenant, accelerator and tier come from earlier stages, freshness and
-    #: live queues from the view (see ``Pipeline.key``).
-    memo_key = ()
+    def _over_share(self, tenant: str, view: View) -> bool:
+        if not self.fair_share:
+            return False
+        usage = view.sources.get(USAGE_SOURCE)
+        return usage is not None and tenant in usage.demoted
+
+    def memo_key(self, request: Request, decision: Decision, view: View
+                 ) -> tuple[bool, ...]:
+        """With tenant classes, whether the tenant is above its fair share (the lane);
+        tenant, accelerator and tier come from earlier stages, freshness and live queues
+        from the view (see ``Pipeline.key``)."""
+        if not self.classes:
+            return ()
+        return (self._over_share(decision.tenant, view),)

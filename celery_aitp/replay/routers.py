@@ -19,7 +19,7 @@ from celery_aitp.core.view import View
 from celery_aitp.numbers import finite_number
 from celery_aitp.policy import Policy, Stage
 from celery_aitp.publish.pipeline import Pipeline
-from celery_aitp.queues import parse_tier_queue, tier_queue_name
+from celery_aitp.queues import parse_tier_queue, served_queues
 from celery_aitp.replay.engine import SimWorker
 from celery_aitp.replay.feed import SourceFeed
 from celery_aitp.replay.trace import Trace
@@ -76,8 +76,8 @@ def policy_workers(policy: Policy, slots: Mapping[str, int], default_queue: str,
     also reads the default queue (fallbacks)."""
     workers = []
     for accelerator, n in slots.items():
-        queues = [tier_queue_name(tenant, accelerator, tier)
-                  for tier in policy.tier_names for tenant in policy.queue_owners()]
+        queues = served_queues(policy.queue_owners(), policy.tenant_classes, accelerator,
+                               policy.tier_names, policy.tier_names[-1])
         if accelerator == policy.default_accelerator:
             queues.append(default_queue)
         workers.append(SimWorker(accelerator, accelerator, queues, n, strategy))

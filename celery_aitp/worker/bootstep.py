@@ -21,7 +21,7 @@ from celery_aitp.deployment import store_url_for
 from celery_aitp.errors import PolicyError, StoreError
 from celery_aitp.layout import physical_groups
 from celery_aitp.policy import Policy
-from celery_aitp.queues import tier_queue_name
+from celery_aitp.queues import served_queues
 from celery_aitp.redact import redact
 from celery_aitp.scheduling.feedback import FeedbackPass
 from celery_aitp.worker import acks, aging, tier_cycle
@@ -58,15 +58,18 @@ class WorkerPlan:
                               f"(policy accelerators: {', '.join(policy.accelerators)})")
         self.tiers = _parse_tiers(policy, tiers)
         self.no_default_queue = bool(no_default_queue)
+        self.classes = frozenset(policy.tenant_classes)
+        self.lowest = policy.tier_names[-1]
 
     @property
     def enabled(self) -> bool:
         return bool(self.tenants)
 
     def queue_names(self) -> list[str]:
-        """Tier queues, highest tier first, then tenants in the order given."""
-        accel = self.accelerator
-        return [tier_queue_name(t, accel, tier) for tier in self.tiers for t in self.tenants]
+        """Tier queues, highest tier first, then tenants in the order given; then the
+        over-share lanes of the classes served (with the lowest tier)."""
+        return served_queues(self.tenants, self.classes, self.accelerator, self.tiers,
+                             self.lowest)
 
 
 def _split(values: Any) -> list[str]:

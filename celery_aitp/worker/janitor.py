@@ -23,7 +23,7 @@ from celery_aitp.core.view import stage_from_doc
 from celery_aitp.errors import AdapterError, StoreError
 from celery_aitp.layout import physical_groups
 from celery_aitp.policy import Stage
-from celery_aitp.queues import all_tier_queues
+from celery_aitp.queues import all_tier_queues, policy_queues
 from celery_aitp.redact import redact
 from celery_aitp.registry import QUEUE_OPS, resolve
 
@@ -71,9 +71,11 @@ class Janitor(BrokerQueuePass):
     _former_next: int | None = 0  # the next former queue to look at (None: all done)
 
     def known_queues(self) -> list[str]:
-        """Every logical tier queue the policy can produce."""
+        """Every logical tier queue the policy can produce, the classes' over-share
+        lanes included."""
         policy = self.middleware.policy
-        return all_tier_queues(policy.queue_owners(), policy.accelerators, policy.tier_names)
+        return policy_queues(policy.queue_owners(), policy.tenant_classes, policy.accelerators,
+                             policy.tier_names)
 
     def former_queues(self) -> list[str]:
         """Queues of their own of listed tenants that now share a class's: nothing routes

@@ -30,6 +30,13 @@ already place its new tasks one tier lower, and reading, say, its ``mid`` queue 
 ``lo``'s weight as well would put its short tasks level with everyone's long ones (tiers
 are size classes), which costs every tenant's mean slowdown for little fairness.
 
+Inside a tenant class the queues are shared, so workers cannot tell a demoted tenant's
+messages apart there; producers put them in the class's *over-share lane* instead
+(``aitp.<class>~over.<accelerator>.<lowest tier>``, see
+:mod:`celery_aitp.publish.route_stage`), which a worker serving the class reads with
+that demoted weight (the lowest tier's ``1/8``, times the class's ``queue_weight``). The
+lane is one more queue of the order, so the bound below covers it.
+
 **Bound.** Between two reads of a backlogged queue ``q`` (among ``m`` queues of total
 weight ``W``) there are at most ``G_q = ceil(W / w_q) + 2m`` reads of other queues; a
 message with ``k`` messages ahead of it in its queue is read within ``(k + 1) * (G_q +
@@ -47,7 +54,7 @@ from typing import Any
 
 from celery_aitp.policy import TIER_WEIGHT_RATIO, Policy
 from celery_aitp.priority_policy import TierOrder
-from celery_aitp.queues import parse_tier_queue
+from celery_aitp.queues import lane_class, parse_tier_queue
 from celery_aitp.scheduling.usage import USAGE_SOURCE
 
 #: The strategy's dotted name, as ``queue_order_strategy`` takes it.
@@ -81,6 +88,12 @@ class WeightPlan:
             if parsed is None or parsed[2] not in tiers:
                 continue
             tenant, _, tier = parsed
+            lane = lane_class(tenant)
+            if lane is not None and lane in policy.tenant_classes:
+                # a class's over-share lane: always the demoted weight of its lowest tier
+                share = policy.tenant_classes[lane].queue_weight
+                self.weights[queue] = self.demoted[queue] = below[lowest] * share
+                continue
             spec = policy.tenants.get(tenant)
             shared = policy.tenant_classes.get(tenant)
             share = spec.weight if spec else shared.queue_weight if shared else 1.0

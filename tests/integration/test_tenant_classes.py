@@ -1,5 +1,6 @@
 """Tenant classes with real workers: tenants of a class (listed or not) share the class's
-tier queues under their own names; a class queue nobody serves any more is evacuated."""
+tier queues under their own names; a class queue nobody serves any more is evacuated; a
+demoted tenant of a class goes to the class's over-share lane."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def deployment(redis_url: str, broker: str) -> Iterator[dict[str, str]]:
 
 
 def delivered_from(broker: str, logical: str) -> str:
-    return logical if broker == "redis" else logical.rsplit(".", 1)[0]
+    """The broker queue: on RabbitMQ the owner's priority queue (a lane's is its class's)."""
+    return logical if broker == "redis" else logical.rsplit(".", 1)[0].replace("~over", "")
 
 
 def test_class_tenants_share_the_class_queue_under_their_own_names(proj, start_worker, broker):
@@ -74,3 +76,29 @@ def test_a_class_queue_nobody_serves_is_evacuated(proj, start_worker, broker):
     results = [r.get(timeout=60) for r in queued]
     assert sorted(r["x"] for r in results) == list(range(1, 11))  # nothing lost
     del blocker  # it ran, or was redelivered; either way not this test's question
+
+
+def test_a_demoted_tenant_of_a_class_goes_to_the_lane_and_is_served(proj, start_worker,
+                                                                     broker):
+    """A tenant of the class far above its fair share: its task lands in the class's
+    over-share lane and a worker serving the class runs it; a quiet tenant of the same
+    class keeps the class's queue."""
+    start_worker("std", "--aitp-tenant", "std", "--aitp-no-default-queue")
+    start_worker("plain")
+    lane = "aitp.std~over.cpu.lo"
+    wait_live(proj, lane)
+    proj.where.apply_async((0,), headers={"aitp_tenant": "quiet"}).get(timeout=20)
+    flooded = None
+    for i in range(1, 200):  # usage reaches the producer's view in its next refresh
+        result = proj.where.apply_async((i,), headers={"aitp_tenant": "flood"}).get(timeout=20)
+        if result["aitp"]["queue"] == lane:
+            flooded = result
+            break
+        time.sleep(0.1)
+    assert flooded is not None, "the flooding tenant was never demoted"
+    assert flooded["aitp"]["tenant"] == "flood" and flooded["aitp"]["routed"] is True
+    assert flooded["queue"] == delivered_from(broker, lane)
+    assert flooded["hostname"].startswith("std-")
+    quiet = proj.where.apply_async((0,), headers={"aitp_tenant": "quiet"}).get(timeout=20)
+    assert quiet["aitp"]["queue"] == "aitp.std.cpu.lo"
+    assert quiet["queue"] == delivered_from(broker, "aitp.std.cpu.lo")

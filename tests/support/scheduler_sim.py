@@ -29,7 +29,7 @@ from celery_aitp.publish.priority_stage import PriorityStage
 from celery_aitp.publish.profile_stage import ProfileStage
 from celery_aitp.publish.route_stage import RouteStage
 from celery_aitp.publish.tenant_stage import TenantStage
-from celery_aitp.queues import tier_queue_name
+from celery_aitp.queues import served_queues
 from celery_aitp.store import RedisStore
 from celery_aitp.telemetry.counters import Counters
 from celery_aitp.worker import tier_cycle
@@ -115,8 +115,8 @@ class Simulation:
         self.queues: dict[str, deque[Job]] = {DEFAULT_QUEUE: deque()}
         live: set[str] = set()
         for w in workers:
-            w.queues = [tier_queue_name(t, w.accelerator, tier)
-                        for tier in policy.tier_names for t in w.tenants]
+            w.queues = served_queues(w.tenants, policy.tenant_classes, w.accelerator,
+                                     policy.tier_names, policy.tier_names[-1])
             live.update(w.queues)
             if w.default_queue:
                 w.queues.append(DEFAULT_QUEUE)

@@ -95,8 +95,15 @@ def test_without_a_live_worker_for_the_class_the_task_falls_back() -> None:
 def test_workers_serve_owners_of_queues_and_refuse_a_tenant_that_shares_them() -> None:
     everything = WorkerPlan(POLICY, "*", None, "lo", False)
     assert everything.queue_names() == ["aitp.acme.cpu.lo", "aitp.default.cpu.lo",
-                                        "aitp.std.cpu.lo", "aitp.closed.cpu.lo"]
-    assert WorkerPlan(POLICY, "std", None, "lo", False).queue_names() == ["aitp.std.cpu.lo"]
+                                        "aitp.std.cpu.lo", "aitp.closed.cpu.lo",
+                                        "aitp.std~over.cpu.lo", "aitp.closed~over.cpu.lo"]
+    assert WorkerPlan(POLICY, "std", None, "lo", False).queue_names() == [
+        "aitp.std.cpu.lo", "aitp.std~over.cpu.lo"]  # and the class's over-share lane
+    # the lane holds the lowest tier: a worker without it does not read the lane
+    assert WorkerPlan(POLICY, "std", None, "hi,mid", False).queue_names() == [
+        "aitp.std.cpu.hi", "aitp.std.cpu.mid"]
+    assert WorkerPlan(POLICY, "acme", None, None, False).queue_names() == [
+        "aitp.acme.cpu.hi", "aitp.acme.cpu.mid", "aitp.acme.cpu.lo"]  # no lane of its own
     with pytest.raises(PolicyError, match="globex \\(shares the queues of class 'std'"):
         WorkerPlan(POLICY, "globex", None, None, False)
     with pytest.raises(PolicyError, match="unknown tenant"):
@@ -191,13 +198,17 @@ def test_fair_share_at_a_thousand_tenants_of_one_class_demotes_only_the_flooder(
     assert snap.demoted == {"c7"}
     flooded = decide_with_usage(POLICY, "c7", snap)
     quiet = decide_with_usage(POLICY, "c8", snap)
-    assert (flooded.queue, quiet.queue) == ("aitp.std.cpu.lo", "aitp.std.cpu.mid")
+    # the flooder's tasks wait in the class's over-share lane, not ahead of the others
+    assert (flooded.queue, quiet.queue) == ("aitp.std~over.cpu.lo", "aitp.std.cpu.mid")
+    assert flooded.routed and quiet.routed
 
 
-def decide_with_usage(policy: Any, tenant: str, snap: UsageSnapshot) -> Any:
+def decide_with_usage(policy: Any, tenant: str, snap: UsageSnapshot,
+                      live: frozenset[str] | None = None) -> Any:
     request = Request("t", "id", (), {}, {"aitp_tenant": tenant}, {"tier": "mid"}, None,
                       1000.0, 0)
-    queues = frozenset(WorkerPlan(policy, "*", None, None, False).queue_names())
+    queues = live if live is not None else frozenset(
+        WorkerPlan(policy, "*", None, None, False).queue_names())
     view = View(queues, Stage.TAKEOVER, SplitSettings(), True,
                 sources=MappingProxyType({"usage": snap, "sizes": SizeClasses()}))
     return Pipeline(default_stages(policy)).decide(request, view, 1000.0)
@@ -297,3 +308,97 @@ def test_former_queues_are_looked_at_a_batch_per_pass(store) -> None:
     before = len(ops.looked)
     janitor.sweep()
     assert not set(ops.looked[before:]) & set(former)  # each looked at once
+
+
+# --- the over-share lane ------------------------------------------------------------
+
+def test_a_demoted_tenant_of_a_class_goes_to_the_lane_and_the_others_to_the_class() -> None:
+    snap = UsageSnapshot(demoted=frozenset({"newco", "acme"}))
+    demoted = decide_with_usage(POLICY, "newco", snap)  # unlisted, class std
+    assert (demoted.tenant, demoted.queue, demoted.routed) == (
+        "newco", "aitp.std~over.cpu.lo", True)
+    listed = decide_with_usage(POLICY, "globex", UsageSnapshot(demoted=frozenset({"globex"})))
+    assert listed.queue == "aitp.std~over.cpu.lo"
+    other = decide_with_usage(POLICY, "other", snap)  # same class, not demoted
+    assert (other.queue, other.routed) == ("aitp.std.cpu.mid", True)
+    own = decide_with_usage(POLICY, "acme", snap)  # dedicated: today's demotion, own queue
+    assert own.queue == "aitp.acme.cpu.lo"
+
+
+def test_without_a_live_worker_for_the_lane_a_demoted_task_falls_back() -> None:
+    """Older workers do not advertise the lane: the task keeps Celery's route."""
+    snap = UsageSnapshot(demoted=frozenset({"newco"}))
+    old = frozenset(q for q in WorkerPlan(POLICY, "*", None, None, False).queue_names()
+                    if "~" not in q)
+    fell = decide_with_usage(POLICY, "newco", snap, live=old)
+    assert (fell.queue, fell.routed, fell.reason) == (
+        "aitp.std~over.cpu.lo", False, "no_live_worker")
+
+
+def test_without_fair_share_nobody_goes_to_the_lane() -> None:
+    off = parse_policy({**POLICY.model_dump(mode="json"), "fair_share": {"enabled": False}})
+    decision = decide_with_usage(off, "newco", UsageSnapshot(demoted=frozenset({"newco"})))
+    assert decision.queue == "aitp.std.cpu.mid"
+
+
+def test_a_lane_is_read_with_the_demoted_weight_of_the_lowest_tier() -> None:
+    queues = WorkerPlan(POLICY, "std", None, None, False).queue_names()
+    plan = WeightPlan(POLICY, queues)
+    lo = POLICY.tier_weights()["lo"]
+    assert plan.weights["aitp.std.cpu.lo"] == lo * 3  # the class's queue_weight
+    assert plan.weights["aitp.std~over.cpu.lo"] == lo / 8 * 3
+    assert plan.demoted["aitp.std~over.cpu.lo"] == lo / 8 * 3
+    assert "aitp.std~over.cpu.lo" not in plan.tenants  # no tenant to demote further
+
+
+def test_the_janitor_drains_a_lane_without_a_live_consumer(store) -> None:
+    from types import SimpleNamespace
+
+    from celery_aitp.layout import PerTierLayout
+    from celery_aitp.migration.control import stage_doc
+    from celery_aitp.stubs import MemoryQueueOps
+    from celery_aitp.telemetry.counters import Counters
+    from celery_aitp.worker.janitor import Janitor
+
+    ops = MemoryQueueOps()
+    ops.queues["aitp.std~over.cpu.lo"].extend([(0.0, "a"), (1.0, "b")])
+    middleware = SimpleNamespace(policy=POLICY, layout=PerTierLayout(), store=store,
+                                 default_queue="celery", counters=Counters())
+    store.write_stage(stage_doc(Stage.TAKEOVER, SplitSettings()), "me")
+    janitor = Janitor(middleware, ops=ops)
+    janitor._former_next = None  # former queues are another test's
+    known = janitor.known_queues()
+    assert {"aitp.std~over.cpu.lo", "aitp.closed~over.cpu.lo"} <= set(known)
+    accelerators, tiers = len(POLICY.accelerators), len(POLICY.tier_names)
+    # (dedicated + classes) x accelerators x tiers, and a lane per class and accelerator
+    assert len(known) == (2 + 2) * accelerators * tiers + 2 * accelerators
+    store.advertise("w", WorkerPlan(POLICY, "std", None, None, False).queue_names(), {}, 60)
+    assert janitor.sweep() == {}  # served: the lane stays
+    assert len(ops.queues["aitp.std~over.cpu.lo"]) == 2
+    store.withdraw("w")  # an older worker of the class: its queues, no lane
+    store.advertise("old", ["aitp.std.cpu.hi", "aitp.std.cpu.mid", "aitp.std.cpu.lo"], {}, 60)
+    assert janitor.sweep() == {"aitp.std~over.cpu.lo": 2}
+    assert [m for _, m in ops.queues["celery"]] == ["a", "b"]
+
+
+def test_on_rabbitmq_a_lane_is_the_level_below_the_lowest_tier_in_its_class_queue() -> None:
+    from celery_aitp.layout import PerTenantLayout, physical_groups
+    from celery_aitp.worker.aging import AgingPlan, Selector
+
+    layout = PerTenantLayout(POLICY.tier_names)
+    lane = "aitp.std~over.cpu.lo"
+    assert layout.physical(lane) == "aitp.std.cpu"
+    assert layout.priority(lane) == 0 < layout.priority("aitp.std.cpu.lo")
+    queues = WorkerPlan(POLICY, "std", None, None, False).queue_names()
+    assert list(physical_groups(layout, queues)) == ["aitp.std.cpu"]  # one consumer
+    # aging raises a lane message as it does the lowest tier's (no starvation)
+    target, ages = AgingPlan(POLICY, layout).selectors["aitp.std.cpu"]
+    lowest_age = ages[layout.priority("aitp.std.cpu.lo")]
+
+    def header(published_at: float) -> dict[str, Any]:
+        return {"aitp": {"decided_at": published_at}}
+
+    assert Selector(ages, target, now=1000.0).decide(0, header(1000.0 - lowest_age + 1)) \
+        is None  # younger than the lowest tier's promotion age: stays
+    assert Selector(ages, target, now=1000.0).decide(0, header(1000.0 - lowest_age - 1)) \
+        == target  # older: raised to the class's top priority

@@ -17,7 +17,7 @@ from celery_aitp.core.view import View
 from celery_aitp.policy import SplitSettings, Stage, parse_policy
 from celery_aitp.publish.memo import DecisionMemo, Reused
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.queues import all_tier_queues
+from celery_aitp.queues import all_tier_queues, lane_queues
 from celery_aitp.scheduling.feedback import Boosts
 from celery_aitp.scheduling.size_classes import SizeClasses, size_bin
 from tests.conftest import TEST_POLICY
@@ -32,6 +32,8 @@ POLICY = parse_policy({**TEST_POLICY, "tenant_classes": {"small": {}, "gold": {"
 TENANTS = ("a", "b", "c", "capped", "g1", "g2", "own", "own2", "default", "new1", "new2")
 LIVE = frozenset(all_tier_queues(("small", "gold", "own", "own2", "default"), ("cpu",),
                                  POLICY.tier_names))
+#: ... and workers that read the classes' over-share lanes.
+LANES = LIVE | frozenset(lane_queues(("small", "gold"), ("cpu",), POLICY.tier_names))
 
 
 class Predict:
@@ -48,10 +50,10 @@ class Usage:
 
 
 def view(boosts: Boosts = Boosts(), demoted: frozenset[str] = frozenset(),
-         split: SplitSettings | None = None) -> View:
+         split: SplitSettings | None = None, live: frozenset[str] = LIVE) -> View:
     sources = {"sizes": SizeClasses({"cpu": (size_bin(0.25), size_bin(4.0))}),
                "boosts": boosts, "usage": Usage(demoted)}
-    return View(LIVE, Stage.SPLIT if split else Stage.TAKEOVER, split or SplitSettings(),
+    return View(live, Stage.SPLIT if split else Stage.TAKEOVER, split or SplitSettings(),
                 True, sources=MappingProxyType(sources))
 
 
@@ -127,3 +129,18 @@ def test_a_header_never_gives_a_tenant_another_identitys_tier(claim: str) -> Non
     got = memo.decide(request(claim, 1), v, 5.0)
     want = pipeline().decide(request(claim, 1), v, 5.0)
     assert read_header(got.header()) == read_header(want.header())
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_a_demoted_tenant_of_a_class_never_shares_a_decision_with_one_that_is_not(
+        first: str) -> None:
+    """Demoted (a, c) and not (b, new1) in one class, whichever decides first: the
+    demoted go to the class's lane, the others keep the class's queues."""
+    memo = DecisionMemo(pipeline())
+    v = view(demoted=frozenset({"a", "c"}), live=LANES)
+    order = [first, "b" if first == "a" else "a", "c", "new1"]
+    queues = {t: read_header(memo.decide(request(t, 0), v, 5.0).header())["queue"]
+              for t in order}
+    assert queues == {"a": "aitp.small~over.cpu.lo", "c": "aitp.small~over.cpu.lo",
+                      "b": "aitp.small.cpu.mid", "new1": "aitp.small.cpu.mid"}
+    assert compare(v) == 7  # small demoted, small not, capped, gold, own, own2, default
