@@ -32,22 +32,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, NamedTuple
 
 from celery_aitp.cache import BoundedDict
-from celery_aitp.core.request import (
-    HEADER_VERSION,
-    RECORD_VERSION,
-    Decision,
-    Request,
-    header_json,
-    record_json_of,
-)
+from celery_aitp.core.request import Decision, Request, header_json, record_json_of
 from celery_aitp.core.view import View
 from celery_aitp.publish.pipeline import Pipeline
 from celery_aitp.publish.priority_stage import Charge, PriorityStage
-from celery_aitp.publish.tenant_share import ClassShare, renamed_decision
+from celery_aitp.publish.tenant_share import ClassShare
 from celery_aitp.publish.visibility_stage import VISIBILITY_REASONS
 from celery_aitp.telemetry.counters import Counters
 
@@ -97,7 +89,7 @@ class Template:
     """One decision, kept to be handed out again with another id and time."""
 
     __slots__ = ("task", "header_prefix", "counter", "tally", "notes", "routed", "queue",
-                 "reason", "charges", "_tenant", "_decision", "_json")
+                 "reason", "charges", "_decision", "_json")
 
     def __init__(self, decision: Decision, charges: tuple[Charge, ...],
                  counters: Counters) -> None:
@@ -111,23 +103,8 @@ class Template:
         self.queue = decision.queue or ""
         self.reason = decision.reason
         self.charges = charges  # what the priority stage adds per task
-        self._tenant = decision.tenant
         self._decision: Decision | None = decision
         self._json: tuple[str, str] | None = None
-
-    def renamed(self, decision: Decision, tenant: str, charges: tuple[Charge, ...]
-                ) -> Template:
-        """This template (of ``decision``) for another tenant of the same class
-        (:mod:`celery_aitp.publish.tenant_share`): the header's and record's tenant and
-        the charges differ, the counter (the class's) and the route do not."""
-        copy = Template.__new__(Template)
-        copy.task, copy.counter, copy.tally = self.task, self.counter, self.tally
-        copy.notes, copy.routed, copy.queue = self.notes, self.routed, self.queue
-        copy.reason, copy.charges = self.reason, charges
-        copy.header_prefix = _renamed_prefix(self.header_prefix, decision, tenant)
-        copy._tenant = tenant
-        copy._decision, copy._json = decision, None  # its record: built off this path
-        return copy
 
     def record_parts(self) -> tuple[str, str]:
         """The record's JSON around the task id (encoded once, by the refresher thread
@@ -136,36 +113,9 @@ class Template:
         if found is None:
             decision = self._decision
             assert decision is not None  # set until the JSON is made
-            found = decision.record_parts()
-            if decision.tenant != self._tenant:  # renamed: the class decision's record
-                found = _renamed_record(found, decision, self._tenant)
-            self._json = found
+            found = self._json = decision.record_parts()
             self._decision = None  # only its JSON is needed from now on
         return found
-
-
-_TENANT_AT = f'{{"v":{HEADER_VERSION},"tenant":'
-
-
-def _renamed_prefix(prefix: str, decision: Decision, tenant: str) -> str:
-    """The header prefix of ``decision`` for another ``tenant``, from the decision's
-    own ``prefix``: only the tenant, which the header starts with, differs."""
-    start = _TENANT_AT + _quote(decision.tenant)
-    if prefix.startswith(start):
-        return _TENANT_AT + _quote(tenant) + prefix[len(start):]
-    return renamed_decision(decision, tenant).header_prefix()  # pragma: no cover
-
-
-def _renamed_record(parts: tuple[str, str], decision: Decision, tenant: str
-                    ) -> tuple[str, str]:
-    """``record_parts`` of ``decision`` for another ``tenant``, from its own."""
-    start = (f'{{"v":{RECORD_VERSION},"task":{_quote(decision.task)},"tenant":'
-             f'{_quote(decision.tenant)}')
-    head, body = parts
-    if head.startswith(start):
-        return (f'{{"v":{RECORD_VERSION},"task":{_quote(decision.task)},"tenant":'
-                f'{_quote(tenant)}{head[len(start):]}', body)
-    return renamed_decision(decision, tenant).record_parts()  # pragma: no cover
 
 
 class Reused:
@@ -217,7 +167,7 @@ class DecisionMemo:
         #: Decisions shared by the tenants of a class (one tail run per class, not per
         #: tenant); None when the policy has no classes.
         policy = priority.policy
-        self.share = ClassShare(policy, priority) if policy.tenant_classes else None
+        self.share = ClassShare(policy) if policy.tenant_classes else None
         self._sources = pipeline.tail_view_sources()
         self.limit = limit
         self._kept = _Kept(None, None, BoundedDict(limit))
@@ -255,7 +205,9 @@ class DecisionMemo:
         template = templates.get(key)
         share = self.share
         if template is None and share is not None:
-            template = share.find(key, decision, view, templates)
+            renamed = share.find(key, decision, view, templates)
+            if renamed is not None:  # another tenant's of the same class identity
+                template = templates.put(key, self._template(renamed))
         if template is not None:
             for charge in template.charges:  # as the priority stage would
                 charge.pending.append(charge.item)
@@ -264,11 +216,14 @@ class DecisionMemo:
         if decision.reason in VISIBILITY_REASONS or \
                 not VISIBILITY_REASONS.isdisjoint(decision.notes):
             return decision  # the guard's warning is rate-limited per publish: decide each time
-        template = templates.put(key, Template(
-            decision, self.priority.charges_of(decision), self.counters))
+        template = templates.put(key, self._template(decision))
         if share is not None:
-            share.keep(key, decision, template, view, templates)
+            share.keep(key, decision, view, templates)
         return Reused(template, decision.task_id, decision.decided_at)
+
+    def _template(self, decision: Decision) -> Template:
+        """A decision kept for its key's next tasks, with what it charges per task."""
+        return Template(decision, self.priority.charges_of(decision), self.counters)
 
     def _finish(self, request: Request, decision: Decision, view: View,
                 finish: Callable[[Decision], None] | None) -> Decision:

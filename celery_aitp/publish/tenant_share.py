@@ -25,30 +25,15 @@ header): no claim can give a tenant another's tier.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery_aitp.cache import BoundedDict
 from celery_aitp.core.request import Decision
 from celery_aitp.core.view import View
 from celery_aitp.policy import Policy, Tenant
-from celery_aitp.publish.priority_stage import Charge, PriorityStage
 from celery_aitp.scheduling.feedback import BOOSTS_SOURCE, Boosts
 
-if TYPE_CHECKING:  # memo imports this module
-    from celery_aitp.publish.memo import Template
-
 _NO_BOOSTS = Boosts()
-
-
-class _Shared:
-    """A class decision kept for other tenants of its identity: the decision (to copy,
-    kept whole even once its template has its record JSON) and its template."""
-
-    __slots__ = ("decision", "template")
-
-    def __init__(self, decision: Decision, template: Template) -> None:
-        self.decision = decision
-        self.template = template
 
 
 class _ClassKey:
@@ -66,11 +51,11 @@ CLASS_KEY = _ClassKey()
 
 class ClassShare:
     """Finds and keeps class decisions among the memo's templates (so they live and die
-    with the view they were made on)."""
+    with the view they were made on). The memo makes a copy's template as for any
+    decision: its header, record and fair-share charge are its own tenant's."""
 
-    def __init__(self, policy: Policy, priority: PriorityStage) -> None:
+    def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.usage = priority.usage.pending  # a copy's fair-share charge is its own tenant's
         #: Listed tenants of a class by name, and every unlisted one (None: there are no
         #: unlisted tenants, or they have queues of their own).
         self._listed = {name: _identity(spec) for name, spec in policy.tenants.items()
@@ -101,29 +86,24 @@ class ClassShare:
         return (key[0], CLASS_KEY, spec, boost, named) + key[2:]
 
     def find(self, key: tuple[Any, ...], decision: Decision, view: View,
-             templates: BoundedDict[tuple[Any, ...], Any]) -> Template | None:
-        """A template for ``decision``'s tenant copied from its identity's, kept under
-        ``key`` for its next task; None if there is none yet (or the tenant has queues
-        of its own)."""
+             templates: BoundedDict[tuple[Any, ...], Any]) -> Decision | None:
+        """The decision of ``decision``'s class identity, copied with its tenant's name;
+        None if there is none yet (or the tenant has queues of its own)."""
         ckey = self.class_key(key, decision, view)
         if ckey is None:
             return None
         shared = templates.get(ckey)
-        if not isinstance(shared, _Shared):
+        if not isinstance(shared, Decision):
             return None
-        tenant = decision.tenant
-        usage = self.usage
-        charges = tuple(Charge(c.pending, (tenant, *c.item[1:])) if c.pending is usage
-                        else c for c in shared.template.charges)
-        template: Template = shared.template.renamed(shared.decision, tenant, charges)
-        return templates.put(key, template)
+        return renamed_decision(shared, decision.tenant)
 
-    def keep(self, key: tuple[Any, ...], decision: Decision, template: Template,
-             view: View, templates: BoundedDict[tuple[Any, ...], Any]) -> None:
-        """Keep a decision the pipeline just made for other tenants of its identity."""
+    def keep(self, key: tuple[Any, ...], decision: Decision, view: View,
+             templates: BoundedDict[tuple[Any, ...], Any]) -> None:
+        """Keep a decision the pipeline just made for other tenants of its identity
+        (among the memo's templates, so it lives and dies with their view)."""
         ckey = self.class_key(key, decision, view)
         if ckey is not None and ckey not in templates:
-            templates.put(ckey, _Shared(decision, template))
+            templates.put(ckey, decision)
 
 
 def _identity(spec: Tenant) -> tuple[Any, ...]:
