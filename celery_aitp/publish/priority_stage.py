@@ -41,7 +41,7 @@ from celery_aitp.scheduling.factors import (
 from celery_aitp.scheduling.feedback import BOOSTS_SOURCE, Boosts, BoostSource
 from celery_aitp.scheduling.size_classes import SizeClasses
 from celery_aitp.scheduling.size_source import SIZES_SOURCE, SizeSource
-from celery_aitp.scheduling.usage import USAGE_SOURCE, UsageSource
+from celery_aitp.scheduling.usage import USAGE_SOURCE, UsageSource, is_demoted
 
 #: Labels accepted in one ``aitp_labels`` header; more is bad input.
 MAX_HEADER_LABELS = 16
@@ -241,10 +241,7 @@ class PriorityStage:
         return (self._demoted(decision.tenant, view),)
 
     def _demoted(self, tenant: str, view: View) -> bool:
-        if not self.fair_share:
-            return False
-        usage = view.sources.get(USAGE_SOURCE)
-        return usage is not None and tenant in usage.demoted
+        return self.fair_share and is_demoted(view.sources, tenant)
 
     def charges_of(self, decision: Decision) -> tuple[Charge, ...]:
         """What a placed decision adds to the shared tallies:

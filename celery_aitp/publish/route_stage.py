@@ -8,7 +8,7 @@ from celery_aitp.core.request import Decision, Request
 from celery_aitp.core.view import View
 from celery_aitp.policy import Policy
 from celery_aitp.queues import lane_owner, tier_queue_name
-from celery_aitp.scheduling.usage import USAGE_SOURCE
+from celery_aitp.scheduling.usage import is_demoted
 
 
 class RouteStage:
@@ -56,10 +56,7 @@ class RouteStage:
             decision.reason = "routed"
 
     def _over_share(self, tenant: str, view: View) -> bool:
-        if not self.fair_share:
-            return False
-        usage = view.sources.get(USAGE_SOURCE)
-        return usage is not None and tenant in usage.demoted
+        return self.fair_share and is_demoted(view.sources, tenant)
 
     def memo_key(self, request: Request, decision: Decision, view: View
                  ) -> tuple[bool, ...]:

@@ -35,6 +35,13 @@ USAGE_SOURCE = "usage"
 PENDING_LIMIT = 100_000
 
 
+def is_demoted(sources: Mapping[str, Any], tenant: str) -> bool:
+    """Whether ``tenant`` is above its fair share in a view's ``sources`` (its usage
+    snapshot); False before the first snapshot."""
+    usage = sources.get(USAGE_SOURCE)
+    return usage is not None and tenant in usage.demoted
+
+
 def usage_key(store: RedisStore) -> str:
     return store.keys.any("usage")
 
