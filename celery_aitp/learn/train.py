@@ -284,17 +284,14 @@ def prefer_residual(spec: FeatureSpec, train_x: Matrix, valid_x: Matrix,
     import numpy as np
 
     probe = replace(config, learning_rate=config.probe_learning_rate)
-    target = np.maximum(np.array(truth, dtype=np.float64), MIN_RUNTIME_S)
     found = []
     for data, valid in ((train_x, valid_x), (train_x.direct(), valid_x.direct())):
         booster = _fit(spec, data, probe, probe.objective, probe.probe_rounds, _quiet,
                        "probe", valid=valid)
         p50 = np.exp(booster.predict(valid.x, raw_score=True)) * valid.base
-        ratio = p50 / target
-        found.append((float(np.abs(p50 - target).mean()),
-                      float(((ratio >= 0.5) & (ratio <= 2.0)).mean())))
-    (residual_mae, residual_within), (direct_mae, direct_within) = found
-    return not (direct_mae < residual_mae and direct_within > residual_within)
+        found.append(scores("probe", truth, p50.tolist()))
+    residual, direct = found
+    return not (direct.mae < residual.mae and direct.within_2x > residual.within_2x)
 
 
 def predict_log(boosters: tuple[Any, Any], x: Any) -> tuple[Any, Any]:
