@@ -16,6 +16,7 @@ from celery_aitp.predict.bundle import ModelBundle
 from celery_aitp.predict.history import HISTORY_SOURCE, HistoryStore
 from celery_aitp.predict.model_source import MODEL_SOURCE
 from celery_aitp.predict.model_store import ModelStore
+from celery_aitp.publish.predict_stage import GRID_STEPS, on_grid
 from tests.unit.conftest import make_live
 
 
@@ -98,7 +99,8 @@ def test_the_model_predicts_once_promoted(synthetic_app, store, published, train
     # the model corrects the history estimate: its output times the last two (0.2 s)
     assert model.base_default_s is not None
     low, high = model.compiled.evaluate(vector)
-    assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == (low * 0.2, high * 0.2)
+    assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == (on_grid(low * 0.2),
+                                                                on_grid(high * 0.2))
     assert h["predicted_p90_s"] >= h["predicted_runtime_s"] > 0
 
 
@@ -118,7 +120,8 @@ def test_a_direct_model_predicts_without_the_history_estimate(
                                h["decided_at"], view.sources[HISTORY_SOURCE].features.get(
                                    ("acme", "media.resize")))
     # the forests' output as it is: not multiplied by the last two (0.2 s)
-    assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == model.compiled.evaluate(vector)
+    low, high = model.compiled.evaluate(vector)
+    assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == (on_grid(low), on_grid(high))
 
 
 def test_a_model_without_a_request_key_predicts_from_the_feature_vector(
@@ -139,7 +142,8 @@ def test_a_model_without_a_request_key_predicts_from_the_feature_vector(
     assert decision.feature_key is None and len(decision.features) == len(model.spec.names)
     low, high = model.compiled.evaluate(decision.features)
     base = model.base_default_s  # no history for this pair or tenant: the training median
-    assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == (low * base, high * base)
+    assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == (on_grid(low * base),
+                                                                on_grid(high * base))
 
 
 def test_a_refused_model_leaves_cold_start_in_place(synthetic_app, store, published, trained):
@@ -162,3 +166,17 @@ def test_decision_records_carry_the_prediction(synthetic_app, store, published, 
     assert record["predicted_runtime_s"] == read_header(published[-1]["headers"]["aitp"])[
         "predicted_runtime_s"]
     assert json.loads(json.dumps(record)) == record
+
+
+def test_model_predictions_are_rounded_to_a_grid_within_its_half_step() -> None:
+    """Predictions that differ in the fourth digit become one (the memo keys on them),
+    and none moves by more than half a step of the grid."""
+    half_step = 2.0 ** (0.5 / GRID_STEPS)
+    values = [0.0123 * 1.0007 ** i for i in range(3000)]
+    rounded = [on_grid(v) for v in values]
+    assert all(1 / half_step - 1e-12 <= r / v <= half_step + 1e-12
+               for r, v in zip(rounded, values, strict=True))
+    assert len(set(rounded)) < len(values) / 30  # 3,000 values, 2.1 doublings: ~35 steps
+    assert on_grid(on_grid(0.7)) == on_grid(0.7)
+    assert on_grid(1.0) == 1.0 and on_grid(0.5) == 0.5 and on_grid(0.0) == 0.0
+    assert on_grid(float("inf")) == float("inf")
