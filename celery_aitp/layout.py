@@ -13,11 +13,11 @@ queues, laid out so that a worker reads the highest tier first:
   accelerator, ``aitp.<tenant>.<accelerator>``, and the tier becomes the message
   priority (highest tier, highest priority). A task with a priority of its own cannot
   keep it in there, so it keeps Celery's route instead
-  (:mod:`celery_aitp.publish.caller_priority`). A class's over-share lane
-  (``aitp.<class>~over.<accelerator>.<lowest tier>``) is the level below the lowest tier
-  in its class's queue (priority 0): read after every tier of the class, and raised by
-  aging like the lowest tier (a separate queue would be served alternately with the
-  class's, whatever the tiers).
+  (:mod:`celery_aitp.publish.caller_priority`). A class's over-share lanes
+  (``aitp.<class>~over.<accelerator>.<tier>``) are the level below the lowest tier in
+  its class's queue (priority 0, whatever their tier: one level, FIFO): read after every
+  tier of the class, and raised by aging like the lowest tier (a separate queue would be
+  served alternately with the class's, whatever the tiers).
 
 Producers and workers build declarations only here, so they are identical (RabbitMQ
 refuses a second declaration with other arguments). The RabbitMQ declaration does not

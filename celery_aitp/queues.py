@@ -1,9 +1,10 @@
 """Logical tier queue names: ``aitp.<tenant>.<accelerator>.<tier>``.
 
-A tenant class also has an *over-share lane* per accelerator,
-``aitp.<class>~over.<accelerator>.<lowest tier>``: the tasks of its tenants that are
-above their fair share wait there, apart from the class's other tenants (``~`` is in no
-tenant or class name, so a lane's owner never collides with one).
+A tenant class also has *over-share lanes* per accelerator and tier,
+``aitp.<class>~over.<accelerator>.<tier>``: the tasks of its tenants that are above their
+fair share wait there, apart from the class's other tenants, and still in size order
+among themselves (``~`` is in no tenant or class name, so a lane's owner never collides
+with one).
 
 These names appear in decisions, headers, advertisements and records on every broker;
 where the messages physically wait is :mod:`celery_aitp.layout`'s business.
@@ -60,27 +61,24 @@ def lane_class(owner: str) -> str | None:
 
 def lane_queues(classes: Iterable[str], accelerators: Iterable[str], tiers: Sequence[str]
                 ) -> list[str]:
-    """The over-share lanes of ``classes`` (one per accelerator, at the lowest tier)."""
-    accelerators = list(accelerators)
-    return [tier_queue_name(lane_owner(c), a, tiers[-1]) for c in classes for a in accelerators]
+    """The over-share lanes of ``classes``: one per accelerator and tier, highest first."""
+    return all_tier_queues([lane_owner(c) for c in classes], accelerators, tiers)
 
 
 def served_queues(owners: Sequence[str], classes: Container[str], accelerator: str,
-                  tiers: Sequence[str], lowest: str) -> list[str]:
-    """The tier queues a worker serving ``owners`` reads, highest tier first, then owners
-    in the order given, then the lanes of the classes among them (when it serves the
-    lowest tier)."""
+                  tiers: Sequence[str]) -> list[str]:
+    """The tier queues a worker serving ``owners`` reads: highest tier first, then owners
+    in the order given; then the lanes of the classes among them, in the same order."""
     queues = [tier_queue_name(o, accelerator, tier) for tier in tiers for o in owners]
-    if lowest in tiers:
-        queues += [tier_queue_name(lane_owner(o), accelerator, lowest)
-                   for o in owners if o in classes]
-    return queues
+    lanes = [lane_owner(o) for o in owners if o in classes]
+    return queues + [tier_queue_name(lane, accelerator, tier) for tier in tiers
+                     for lane in lanes]
 
 
 def policy_queues(owners: Iterable[str], classes: Iterable[str], accelerators: Iterable[str],
                   tiers: Sequence[str]) -> list[str]:
     """Every tier queue a policy can produce: owners' queues, then the classes' lanes
-    (``classes x accelerators x (tiers + 1)`` for the classes)."""
+    (``classes x accelerators x tiers`` more)."""
     accelerators = list(accelerators)
     return all_tier_queues(owners, accelerators, tiers) + lane_queues(classes, accelerators,
                                                                       tiers)

@@ -17,10 +17,11 @@ class RouteStage:
     A tenant of a class (``tenant_class``, or not listed with ``unlisted_tenants`` set)
     uses its class's queues: ``aitp.<class>.<accelerator>.<tier>``. While such a tenant
     is above its fair share (the ``usage`` source's ``demoted``, with ``fair_share``
-    on), its tasks go to the class's over-share lane instead,
-    ``aitp.<class>~over.<accelerator>.<lowest tier>``: workers serving the class read
-    the lane with the demoted weight, so the flooder's backlog waits there and not ahead
-    of the class's other tenants in the shared FIFO queues. The lane, like any tier
+    on), its tasks go to the class's over-share lane of their tier instead,
+    ``aitp.<class>~over.<accelerator>.<tier>``: workers serving the class read each lane
+    with the weight of the tier below (``worker/tier_cycle.py``), so the flooder's
+    backlog waits there and not ahead of the class's other tenants in the shared FIFO
+    queues, and its short tasks still go before its long ones. A lane, like any tier
     queue, is routed to only while a live worker advertises it.
     """
 
@@ -31,7 +32,6 @@ class RouteStage:
         self._owner: BoundedDict[str, str] = BoundedDict(100_000)  # unlisted: open-ended
         self.classes = frozenset(policy.tenant_classes) if policy is not None else frozenset()
         self.fair_share = policy is not None and policy.fair_share.enabled
-        self.lowest = policy.tier_names[-1] if policy is not None else ""
 
     def owner(self, tenant: str) -> str:
         owner = self._owner.get(tenant)
@@ -43,10 +43,8 @@ class RouteStage:
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         owner = self.owner(decision.tenant)
         if owner in self.classes and self._over_share(decision.tenant, view):
-            queue = tier_queue_name(lane_owner(owner), decision.accelerator, self.lowest)
-        else:
-            queue = tier_queue_name(owner, decision.accelerator, decision.tier)
-        decision.queue = queue
+            owner = lane_owner(owner)
+        queue = decision.queue = tier_queue_name(owner, decision.accelerator, decision.tier)
         if not view.fresh:
             decision.fall_back("store_unreachable")
         elif queue not in view.live_queues:

@@ -77,7 +77,7 @@ def policy_workers(policy: Policy, slots: Mapping[str, int], default_queue: str,
     workers = []
     for accelerator, n in slots.items():
         queues = served_queues(policy.queue_owners(), policy.tenant_classes, accelerator,
-                               policy.tier_names, policy.tier_names[-1])
+                               policy.tier_names)
         if accelerator == policy.default_accelerator:
             queues.append(default_queue)
         workers.append(SimWorker(accelerator, accelerator, queues, n, strategy))

@@ -59,7 +59,6 @@ class WorkerPlan:
         self.tiers = _parse_tiers(policy, tiers)
         self.no_default_queue = bool(no_default_queue)
         self.classes = frozenset(policy.tenant_classes)
-        self.lowest = policy.tier_names[-1]
 
     @property
     def enabled(self) -> bool:
@@ -67,9 +66,8 @@ class WorkerPlan:
 
     def queue_names(self) -> list[str]:
         """Tier queues, highest tier first, then tenants in the order given; then the
-        over-share lanes of the classes served (with the lowest tier)."""
-        return served_queues(self.tenants, self.classes, self.accelerator, self.tiers,
-                             self.lowest)
+        over-share lanes of the classes served, of the same tiers."""
+        return served_queues(self.tenants, self.classes, self.accelerator, self.tiers)
 
 
 def _split(values: Any) -> list[str]:

@@ -31,11 +31,13 @@ already place its new tasks one tier lower, and reading, say, its ``mid`` queue 
 are size classes), which costs every tenant's mean slowdown for little fairness.
 
 Inside a tenant class the queues are shared, so workers cannot tell a demoted tenant's
-messages apart there; producers put them in the class's *over-share lane* instead
-(``aitp.<class>~over.<accelerator>.<lowest tier>``, see
+messages apart there; producers put them in the class's *over-share lane* of their
+tier instead (``aitp.<class>~over.<accelerator>.<tier>``, see
 :mod:`celery_aitp.publish.route_stage`), which a worker serving the class reads with
-that demoted weight (the lowest tier's ``1/8``, times the class's ``queue_weight``). The
-lane is one more queue of the order, so the bound below covers it.
+the weight of the tier below (its tier's weight over ``TIER_WEIGHT_RATIO``, the lowest
+tier's ``1/8`` for its lane, times the class's ``queue_weight``): behind the class's
+other tenants, and the flooder's short tasks still ahead of its long ones. Lanes are
+more queues of the order, so the bound below covers them.
 
 **Bound.** Between two reads of a backlogged queue ``q`` (among ``m`` queues of total
 weight ``W``) there are at most ``G_q = ceil(W / w_q) + 2m`` reads of other queues; a
@@ -90,9 +92,10 @@ class WeightPlan:
             tenant, _, tier = parsed
             lane = lane_class(tenant)
             if lane is not None and lane in policy.tenant_classes:
-                # a class's over-share lane: always the demoted weight of its lowest tier
+                # a class's over-share lane: its tier's weight one tier down, always
                 share = policy.tenant_classes[lane].queue_weight
-                self.weights[queue] = self.demoted[queue] = below[lowest] * share
+                self.weights[queue] = self.demoted[queue] = \
+                    tiers[tier] / TIER_WEIGHT_RATIO * share
                 continue
             spec = policy.tenants.get(tenant)
             shared = policy.tenant_classes.get(tenant)

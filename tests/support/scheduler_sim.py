@@ -116,7 +116,7 @@ class Simulation:
         live: set[str] = set()
         for w in workers:
             w.queues = served_queues(w.tenants, policy.tenant_classes, w.accelerator,
-                                     policy.tier_names, policy.tier_names[-1])
+                                     policy.tier_names)
             live.update(w.queues)
             if w.default_queue:
                 w.queues.append(DEFAULT_QUEUE)

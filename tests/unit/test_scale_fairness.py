@@ -23,6 +23,8 @@ N = 1000
 QUIET = [f"c{i:04d}" for i in range(N - 1)]
 FLOOD = "flood"
 LANE = "aitp.small~over.cpu.lo"
+#: The class's over-share lanes, one per tier.
+LANES = {f"aitp.small~over.cpu.{t['name']}" for t in TIERS}
 
 
 def p95(values: list[float]) -> float:
@@ -72,7 +74,7 @@ def quiet_waits(done: list[Job], tier: str, after: float = 0.0) -> list[float]:
 def test_a_flooding_tenant_among_a_thousand_is_demoted_alone_and_kept_out_of_the_top(store):
     """Fair share stays per tenant inside the class: only the flooder is demoted, from
     the first refresh at which other tenants have usage (before that it is the only
-    active tenant), and from then on its tasks go to the class's over-share lane, so the
+    active tenant), and from then on its tasks go to the class's over-share lanes, so the
     quiet tenants' tasks wait as long as without it, in every tier.
 
     Measured (docs/scale.md): top tier p95 9.5 s against 8.6 s alone; lower tier, once
@@ -86,13 +88,15 @@ def test_a_flooding_tenant_among_a_thousand_is_demoted_alone_and_kept_out_of_the
     waiting = [job for queue in sim.queues.values() for job in queue]
     assert len({j.tenant for j in both + waiting}) == N  # every tenant published
     shared = {f"aitp.small.cpu.{t['name']}" for t in TIERS}
-    assert {j.queue for j in both + waiting} <= shared | {LANE}
-    assert {j.tenant for j in both + waiting if j.queue == LANE} == {FLOOD}
+    assert {j.queue for j in both + waiting} <= shared | LANES
+    assert {j.tenant for j in both + waiting if j.queue in LANES} == {FLOOD}
     usage = sim.values["usage"]
     assert usage.demoted == {FLOOD}
     assert len(usage.fair) == N and usage.fair[FLOOD] == 1 / N  # one share per tenant
     late = [j for j in both + waiting if j.tenant == FLOOD and j.published_at > 70]
-    assert late and {j.queue for j in late} == {LANE}  # demoted: the lane, nothing else
+    # demoted: the lanes, nothing else; by size, in the lanes of their tiers
+    assert late and {j.queue for j in late} == {LANE, "aitp.small~over.cpu.mid"}
+    assert all(j.queue.endswith(f".{j.tier}") for j in late)
     early = [j.tier for j in both if j.tenant == FLOOD and j.published_at < 55]
     assert "hi" in early  # alone, before others had usage: not demoted
     hi_alone, hi_both = quiet_waits(alone, "hi"), quiet_waits(both, "hi")
@@ -104,14 +108,16 @@ def test_a_flooding_tenant_among_a_thousand_is_demoted_alone_and_kept_out_of_the
     assert p95(mid_both) <= 1.2 * p95(mid_alone), (p95(mid_both), p95(mid_alone))
     # the flooder is not starved: every task it ran started within the bound, the lane's
     # with the lane's weight, and none still waiting has been waiting longer than it
-    lane = [j for j in both if j.queue == LANE]
+    lane = [j for j in both if j.queue in LANES]
     assert len(lane) > 4000
     waits_within_bound(sim, both, [j for j in both if j.tenant == FLOOD], processes=2)
     longest = max(j.runtime_s for j in both)
-    for job in (j for j in waiting if j.queue == LANE):
+    for job in (j for j in waiting if j.queue in LANES):
         assert sim.now - job.published_at <= tier_cycle.longest_wait_s(
-            sim.weights, LANE, job.ahead, 2, longest)
-    assert sim.weights[LANE] == sim.weights["aitp.small.cpu.lo"] / 8
+            sim.weights, job.queue, job.ahead, 2, longest)
+    for tier in ("hi", "mid", "lo"):  # each lane is read one tier down
+        assert sim.weights[f"aitp.small~over.cpu.{tier}"] == \
+            sim.weights[f"aitp.small.cpu.{tier}"] / 8
 
 
 def starvation_run(store, strict: bool) -> tuple[list[Job], Simulation]:

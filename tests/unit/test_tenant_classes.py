@@ -99,9 +99,10 @@ def test_workers_serve_owners_of_queues_and_refuse_a_tenant_that_shares_them() -
                                         "aitp.std~over.cpu.lo", "aitp.closed~over.cpu.lo"]
     assert WorkerPlan(POLICY, "std", None, "lo", False).queue_names() == [
         "aitp.std.cpu.lo", "aitp.std~over.cpu.lo"]  # and the class's over-share lane
-    # the lane holds the lowest tier: a worker without it does not read the lane
+    # a lane per tier: a worker reads the lanes of the tiers it serves, after the queues
     assert WorkerPlan(POLICY, "std", None, "hi,mid", False).queue_names() == [
-        "aitp.std.cpu.hi", "aitp.std.cpu.mid"]
+        "aitp.std.cpu.hi", "aitp.std.cpu.mid", "aitp.std~over.cpu.hi",
+        "aitp.std~over.cpu.mid"]
     assert WorkerPlan(POLICY, "acme", None, None, False).queue_names() == [
         "aitp.acme.cpu.hi", "aitp.acme.cpu.mid", "aitp.acme.cpu.lo"]  # no lane of its own
     with pytest.raises(PolicyError, match="globex \\(shares the queues of class 'std'"):
@@ -370,8 +371,9 @@ def test_the_janitor_drains_a_lane_without_a_live_consumer(store) -> None:
     known = janitor.known_queues()
     assert {"aitp.std~over.cpu.lo", "aitp.closed~over.cpu.lo"} <= set(known)
     accelerators, tiers = len(POLICY.accelerators), len(POLICY.tier_names)
-    # (dedicated + classes) x accelerators x tiers, and a lane per class and accelerator
-    assert len(known) == (2 + 2) * accelerators * tiers + 2 * accelerators
+    # (dedicated + classes) x accelerators x tiers, and a lane per class, accelerator
+    # and tier
+    assert len(known) == (2 + 2) * accelerators * tiers + 2 * accelerators * tiers
     store.advertise("w", WorkerPlan(POLICY, "std", None, None, False).queue_names(), {}, 60)
     assert janitor.sweep() == {}  # served: the lane stays
     assert len(ops.queues["aitp.std~over.cpu.lo"]) == 2
@@ -389,6 +391,9 @@ def test_on_rabbitmq_a_lane_is_the_level_below_the_lowest_tier_in_its_class_queu
     lane = "aitp.std~over.cpu.lo"
     assert layout.physical(lane) == "aitp.std.cpu"
     assert layout.priority(lane) == 0 < layout.priority("aitp.std.cpu.lo")
+    # every tier's lane: the same level (one FIFO below the class's tiers)
+    assert layout.physical("aitp.std~over.cpu.hi") == "aitp.std.cpu"
+    assert layout.priority("aitp.std~over.cpu.hi") == 0
     queues = WorkerPlan(POLICY, "std", None, None, False).queue_names()
     assert list(physical_groups(layout, queues)) == ["aitp.std.cpu"]  # one consumer
     # aging raises a lane message as it does the lowest tier's (no starvation)
