@@ -76,7 +76,7 @@ from benchmarks.placement_workloads import (  # noqa: E402
     offered_load,
 )
 from celery_aitp.policy import load_policy  # noqa: E402
-from celery_aitp.queues import policy_queues  # noqa: E402
+from celery_aitp.queues import lane_class, policy_queues  # noqa: E402
 from celery_aitp.redact import redact  # noqa: E402
 
 APP = "benchmarks.placement_app"
@@ -370,16 +370,21 @@ class Bench:
         n = len(self.items)
         started, finished = [math.nan] * n, [math.nan] * n
         tiers: list[str | None] = [None] * n
+        routes: list[dict[str, Any]] = [{}] * n  # queue and prediction source (--raw)
         for raw in self.client.lrange(key, 0, -1):
             rec = json.loads(raw)
             task_id = str(rec["id"])
             if task_id.startswith(id_prefix):
                 i = int(task_id[len(id_prefix):])
                 started[i], finished[i], tiers[i] = rec["started"], rec["finished"], rec["tier"]
+                routes[i] = {"queue": rec.get("queue"), "source": rec.get("source")}
+                if _in_lane(rec.get("queue")):
+                    tiers[i] = "lane"  # the class's over-share lane (its tier: the lowest)
         self.raw[run] = [{"tenant": i.tenant, "units": i.units, "runtime_s": i.runtime_s,
                           "published": published[i.index], "sent": sent[i.index],
                           "started": started[i.index],
-                          "finished": finished[i.index], "tier": tiers[i.index]}
+                          "finished": finished[i.index], "tier": tiers[i.index],
+                          **routes[i.index]}
                          for i in self.items]
         return figures(run, self.items, published, started, finished, tiers)
 
@@ -395,6 +400,12 @@ class Bench:
             elif time.monotonic() - last_change > DRAIN_STALL_S:
                 return
             time.sleep(0.5)
+
+
+def _in_lane(queue: Any) -> bool:
+    """Whether a task went to a class's over-share lane (``aitp.<class>~over.<acc>.<tier>``)."""
+    parts = queue.split(".") if isinstance(queue, str) else []
+    return len(parts) == 4 and lane_class(parts[1]) is not None
 
 
 # --- output ----------------------------------------------------------------------------
