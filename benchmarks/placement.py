@@ -1,7 +1,7 @@
 """Placement with nothing declared: plain Celery FIFO vs celery_aitp, real workers.
 
     python benchmarks/placement.py [--broker redis://127.0.0.1:6379/15] [--quick]
-        [--amqp amqp://guest:guest@127.0.0.1:5672/VHOST]
+        [--amqp amqp://guest:guest@127.0.0.1:5672/VHOST] [--tenants N]
 
 One 4-process worker (threads pool: the tasks sleep), one undeclared task ``job(d)``
 whose argument decides its runtime, Poisson arrivals at 85% of the worker's capacity,
@@ -27,6 +27,12 @@ Metrics (one definition, used for every run):
 With ``--amqp`` the tasks go through RabbitMQ (give it a vhost of its own: its tier queues
 are deleted before and after each deployment), while the store and the timings stay in
 the ``--broker`` Redis database; results are written as ``placement-rabbitmq.*``.
+
+With ``--tenants N`` (default 2: acme and globex, as above) the same arrivals come from N
+tenants the policy does not list, all taken by ``unlisted_tenants`` into one class
+(``CROWD_POLICY``, the layout of [many tenants](../docs/scale.md)); the worker
+(``--aitp-tenant '*'``) serves the class. FIFO differs only in the tenant header. Results
+are written as ``placement-N.*``.
 
 Prints the table with ratios and met/missed per target; writes
 ``benchmarks/results/placement.json`` and ``placement.md``. Uses only its own keys in the
@@ -61,8 +67,8 @@ from benchmarks.placement_app import (  # noqa: E402
     results_key,
 )
 from benchmarks.placement_workloads import (  # noqa: E402
+    CROWD_POLICY,
     LOAD,
-    POLICY,
     SLOTS,
     TASK,
     WORKLOADS,
@@ -70,7 +76,7 @@ from benchmarks.placement_workloads import (  # noqa: E402
     offered_load,
 )
 from celery_aitp.policy import load_policy  # noqa: E402
-from celery_aitp.queues import all_tier_queues  # noqa: E402
+from celery_aitp.queues import lane_class, policy_queues  # noqa: E402
 from celery_aitp.redact import redact  # noqa: E402
 
 APP = "benchmarks.placement_app"
@@ -221,9 +227,9 @@ class Bench:
         self.items = items
         self.client = redis.Redis.from_url(self.store)
         self.tag = f"aitp-place-{os.getpid()}-{workload}"
-        parsed = load_policy(POLICY)
-        self.tier_queues = all_tier_queues(parsed.tenants, parsed.accelerators,
-                                           parsed.tier_names)
+        parsed = load_policy(policy_with(policy))
+        self.tier_queues = policy_queues(parsed.queue_owners(), parsed.tenant_classes,
+                                         parsed.accelerators, parsed.tier_names)
         self.cpu_queues = {q for q in self.tier_queues if q.split(".")[2] == "cpu"}
         self.notes: list[str] = []
         self.raw: dict[str, list[dict[str, Any]]] = {}  # per run, per task (--raw)
@@ -364,16 +370,21 @@ class Bench:
         n = len(self.items)
         started, finished = [math.nan] * n, [math.nan] * n
         tiers: list[str | None] = [None] * n
+        routes: list[dict[str, Any]] = [{}] * n  # queue and prediction source (--raw)
         for raw in self.client.lrange(key, 0, -1):
             rec = json.loads(raw)
             task_id = str(rec["id"])
             if task_id.startswith(id_prefix):
                 i = int(task_id[len(id_prefix):])
                 started[i], finished[i], tiers[i] = rec["started"], rec["finished"], rec["tier"]
+                routes[i] = {"queue": rec.get("queue"), "source": rec.get("source")}
+                if _in_lane(rec.get("queue")):
+                    tiers[i] = "lane"  # the class's over-share lane (its tier: the lowest)
         self.raw[run] = [{"tenant": i.tenant, "units": i.units, "runtime_s": i.runtime_s,
                           "published": published[i.index], "sent": sent[i.index],
                           "started": started[i.index],
-                          "finished": finished[i.index], "tier": tiers[i.index]}
+                          "finished": finished[i.index], "tier": tiers[i.index],
+                          **routes[i.index]}
                          for i in self.items]
         return figures(run, self.items, published, started, finished, tiers)
 
@@ -389,6 +400,12 @@ class Bench:
             elif time.monotonic() - last_change > DRAIN_STALL_S:
                 return
             time.sleep(0.5)
+
+
+def _in_lane(queue: Any) -> bool:
+    """Whether a task went to a class's over-share lane (``aitp.<class>~over.<acc>.<tier>``)."""
+    parts = queue.split(".") if isinstance(queue, str) else []
+    return len(parts) == 4 and lane_class(parts[1]) is not None
 
 
 # --- output ----------------------------------------------------------------------------
@@ -442,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default=None,
                         help="JSON object replacing top-level fields of the workload's policy "
                              "(e.g. to compare a setting); default: celery_aitp's defaults")
+    parser.add_argument("--tenants", type=int, default=2,
+                        help="spread the tasks over this many unlisted tenants of one class "
+                             "(default 2: acme and globex, listed)")
     parser.add_argument("--attempts", type=int, default=2,
                         help="measure a run the machine disturbed again, up to this many times")
     parser.add_argument("--raw", type=Path, default=None,
@@ -454,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     duration = args.duration or (20.0 if args.quick else 60.0)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     modes = [m.strip() for m in args.runs.split(",") if m.strip()]
+    policy = args.policy
+    if args.tenants != 2:
+        policy = json.dumps({**CROWD_POLICY, **json.loads(args.policy or "{}")})
     began = time.monotonic()
     load_before = os.getloadavg()[0]
     results: dict[str, dict[str, Figures]] = {}
@@ -462,8 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     ideal: dict[str, list[Target]] = {}
     meta: dict[str, Any] = {}
     for name in workloads:
-        items = WORKLOADS[name].schedule(duration, args.seed + list(WORKLOADS).index(name))
-        bench = Bench(args.broker, name, items, args.policy, max(1, args.attempts), args.amqp)
+        items = WORKLOADS[name].schedule(duration, args.seed + list(WORKLOADS).index(name),
+                                         tenants=args.tenants)
+        bench = Bench(args.broker, name, items, policy, max(1, args.attempts), args.amqp)
         bench.check_free()
         # the window the arrivals were scaled to (the last arrival may come before its end)
         span = sum(i.runtime_s for i in items) / (SLOTS * LOAD) if items else duration
@@ -493,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {line}")
     print(f"done in {elapsed:.0f}s")
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "placement" + ("-rabbitmq" if args.amqp else "") + ("-quick" if args.quick else "")
+    stem = ("placement" + ("-rabbitmq" if args.amqp else "")
+            + (f"-{args.tenants}" if args.tenants != 2 else "") + ("-quick" if args.quick else ""))
     (args.out / f"{stem}.md").write_text(md)
     doc = {
         "command": "python benchmarks/placement.py " + " ".join(
@@ -503,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_average_1m_before_after": (load_before, os.getloadavg()[0])},
         "config": {"broker": "rabbitmq" if args.amqp else "redis", "duration_s": duration,
-                   "load": LOAD, "processes": SLOTS,
+                   "load": LOAD, "processes": SLOTS, "tenants": args.tenants,
                    "seed": args.seed, "slowdown_bound_s": SLOWDOWN_BOUND_S,
                    "short_share": SHORT_SHARE},
         "workloads": {name: {**meta[name], "notes": notes[name],

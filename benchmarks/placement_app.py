@@ -71,7 +71,8 @@ def make_app(mode: str, broker: str, prefix: str, queue: str,
         aitp = read_header(getattr(self.request, "aitp", None)) or {}
         sink.rpush(key, json.dumps({
             "id": self.request.id, "started": started, "finished": finished,
-            "tier": aitp.get("tier") if isinstance(aitp, dict) else None,
+            "tier": aitp.get("tier"), "queue": aitp.get("queue"),
+            "source": aitp.get("prediction_source"),
         }))
 
     return app

@@ -11,6 +11,10 @@ load (every workload and seed offers the same utilisation). Deterministic for a 
 - ``pareto``: heavy-tailed runtimes (Pareto, alpha 1.5, from 50 ms, capped at 5 s);
 - ``skewed``: the bimodal mix, one tenant sends 80% of the tasks;
 - ``bursts``: the bimodal mix in bursts (on 2 s, off 3 s) with the same average load.
+
+With ``tenants`` other than 2 (:func:`spread`), the same arrivals come from that many
+tenants the policy does not list, all of one class (``CROWD_POLICY``: what a SaaS with
+thousands of customers configures, rather than listing each).
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ NOISE_SIGMA = 0.05
 TENANTS = ("acme", "globex")
 #: The deployment's policy: two tenants, everything else celery_aitp's defaults.
 POLICY = {"tenants": {"acme": {}, "globex": {}, "default": {}}, "stage": "takeover"}
+
+#: The policy of an N-tenant run (top-level fields replacing POLICY's): no tenant listed
+#: but the default; every name in the header becomes a tenant of class ``standard`` (its
+#: own fair share, the class's shared queues, celery_aitp's defaults otherwise).
+CROWD_POLICY = {"tenants": {"default": {}}, "tenant_classes": {"standard": {}},
+                "unlisted_tenants": "standard"}
 
 PARETO_ALPHA = 1.5
 PARETO_FROM_S = 0.05
@@ -70,8 +80,9 @@ class Workload:
     def rate(self, load: float = LOAD) -> float:
         return load * SLOTS / self.mean_runtime()
 
-    def schedule(self, duration_s: float, seed: int, load: float = LOAD) -> list[Item]:
-        """Every arrival in ``duration_s`` seconds, in time order."""
+    def schedule(self, duration_s: float, seed: int, load: float = LOAD, tenants: int = 2
+                 ) -> list[Item]:
+        """Every arrival in ``duration_s`` seconds, in time order, from ``tenants``."""
         rng = random.Random(seed)
         rate = self.rate(load)
         cycle = BURST_ON_S + BURST_OFF_S
@@ -86,7 +97,8 @@ class Workload:
             else:
                 t += rng.expovariate(rate)
             if t >= duration_s:
-                return _at_load(items, duration_s, load)
+                return spread(_at_load(items, duration_s, load), tenants,
+                              self.heavy_share > 0.5, seed)
             ideal = self.size(rng)
             units = max(1, round(ideal * 1000))
             runtime = units / 1000 * rng.lognormvariate(0.0, NOISE_SIGMA)
@@ -107,6 +119,31 @@ def _at_load(items: list[Item], duration_s: float, load: float) -> list[Item]:
     ``load`` of the capacity over the run (a random draw may bring 77% or 90%)."""
     factor = offered_load(items, duration_s) / load
     return [Item(i.index, i.at * factor, i.tenant, i.units, i.runtime_s) for i in items]
+
+
+def tenant_names(count: int) -> tuple[str, ...]:
+    """The tenants of a run: today's two for 2, else ``c0000``, ``c0001``..."""
+    if count < 2:
+        raise ValueError(f"tenants must be at least 2, got {count}")
+    return TENANTS if count == 2 else tuple(f"c{i:04d}" for i in range(count))
+
+
+def spread(items: list[Item], count: int, skewed: bool, seed: int) -> list[Item]:
+    """The same arrivals from ``count`` tenants: each task goes to one at random (its own
+    random stream, so times and sizes stay the workload's). In a skewed workload the heavy
+    tenant keeps its tasks (one large customer) and the others' are spread over the rest."""
+    names = tenant_names(count)
+    if count == 2:
+        return items
+    rng = random.Random(seed)
+    found = []
+    for i in items:
+        if skewed and i.tenant == TENANTS[0]:
+            tenant = names[0]
+        else:
+            tenant = names[rng.randrange(1, count) if skewed else rng.randrange(count)]
+        found.append(Item(i.index, i.at, tenant, i.units, i.runtime_s))
+    return found
 
 
 def offered_load(items: list[Item], duration_s: float) -> float:

@@ -53,7 +53,11 @@ def demoted_tenants(usage: Mapping[str, float], weights: Mapping[str, float],
 
     A tenant below ``min_active_share`` of the total does not count as active (a trickle
     must not make a lone heavy user look unfair), unless such small tenants together
-    reach that share: a thousand customers at 0.1% each are real demand.
+    reach that share: a thousand customers at 0.1% each are real demand. Such a small
+    tenant is never demoted itself, whatever its share: among a thousand, one long task
+    puts a customer several times over its 0.1%, and demoting it (in a class: its next
+    tasks to the over-share lane) delayed its short tasks for nobody's gain (placement
+    benchmark, 1,000 tenants, bimodal: the oracle demoted 51 of 854 tasks).
     """
     total = sum(u for t, u in usage.items() if t in weights and u > 0)
     if total <= 0:
@@ -67,7 +71,8 @@ def demoted_tenants(usage: Mapping[str, float], weights: Mapping[str, float],
     fair = {t: weights[t] / weight_sum for t in active}
     if len(active) < 2:
         return frozenset(), fair
-    over = frozenset(t for t in active if usage[t] / total > fair[t] * (1.0 + tolerance))
+    over = frozenset(t for t in active if usage[t] / total > fair[t] * (1.0 + tolerance)
+                     and usage[t] / total >= min_active_share)
     return over, fair
 
 

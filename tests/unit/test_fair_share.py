@@ -60,6 +60,17 @@ def test_only_active_tenants_above_their_weighted_share_are_demoted():
     assert tiny == frozenset()  # b is below min_active_share: a counts as alone
 
 
+def test_among_a_thousand_small_tenants_only_one_above_min_active_share_is_demoted():
+    # 999 customers sent one short task (0.03 s), 100 of them also a long one (1 s):
+    # several times their 0.1% share, but each far below min_active_share (1%)
+    usage = {f"t{i}": 0.03 + (1.0 if i < 100 else 0.0) for i in range(999)}
+    usage["big"] = 60.0  # a large customer: about 40% of all usage
+    weights = dict.fromkeys(usage, 1.0)
+    over, fair = demoted_tenants(usage, weights, 0.5, 0.01)
+    assert over == {"big"}
+    assert len(fair) == 1000  # the small ones still count for the shares
+
+
 def test_usage_is_batched_decays_with_the_half_life_and_demotes_the_flooder(store):
     clock = [1000.0]
     source = UsageSource(POLICY, clock=lambda: clock[0])
