@@ -34,6 +34,20 @@ ZERO_THRESHOLD = 1.0000000180025095e-35
 CACHE_SIZE = 65_536
 #: Python refuses deeper nesting; LightGBM trees deeper than this are refused.
 MAX_DEPTH = 90
+#: Steps per doubling of the grid the publish path's predictions are rounded to.
+GRID_STEPS = 16
+
+
+def on_grid(seconds: float) -> float:
+    """``seconds`` rounded to the nearest of ``2 ** (k / GRID_STEPS)``: at most 2.2% off,
+    far inside any model's error. Zero, infinity and NaN are returned as they are.
+
+    Why: the decision memo keys on the prediction, and forests' sums that differ only in
+    the fourth digit would each be a key of their own (each key's first task runs the
+    pipeline's tail)."""
+    if not 0.0 < seconds < math.inf:
+        return seconds
+    return 2.0 ** (round(math.log2(seconds) * GRID_STEPS) / GRID_STEPS)
 
 Vector = Sequence[float]
 Forest = Callable[[Vector], float]
@@ -311,7 +325,8 @@ class CompiledRuntimeModel:
 
     The p50 forest predicts log runtime; the p90 forest predicts how far the 0.9
     quantile of log runtime lies above it. ``predict`` returns ``(p50_s, p90_s, hit)``
-    where ``hit`` says whether the cache answered.
+    where ``hit`` says whether the cache answered, each :func:`on_grid` (rounded once,
+    when cached); ``evaluate`` gives the forests' exact values.
     """
 
     def __init__(self, p50_dump: Mapping[str, Any], p90_dump: Mapping[str, Any],
@@ -336,6 +351,7 @@ class CompiledRuntimeModel:
         if found is not None:
             return found[0], found[1], True
         p50, p90 = self.evaluate(x)
+        p50, p90 = on_grid(p50), on_grid(p90)
         cache = self.cache
         if len(cache) >= self.cache_size:
             cache.clear()
@@ -348,8 +364,8 @@ class CompiledRuntimeModel:
         if found is not None:
             return found[0], found[1], True
         low, offset = self.key_scores(key)  # type: ignore[misc]
-        p50 = _seconds(low)
-        p90 = _seconds(low + offset) if offset > 0.0 else p50
+        p50 = on_grid(_seconds(low))
+        p90 = on_grid(_seconds(low + offset)) if offset > 0.0 else p50
         cache = self.cache
         if len(cache) >= self.cache_size:
             cache.clear()

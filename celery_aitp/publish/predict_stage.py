@@ -13,16 +13,14 @@ Prediction sources, best first (``decision.prediction_source``):
 ``hint``          the task's declared ``runtime_hint_s`` (p90 = p50)
 ``None``          nothing known yet: no prediction
 
-A model's prediction is rounded to a grid of :data:`GRID_STEPS` steps per doubling
-(:func:`on_grid`, within 2.2% of the model's value, far inside any model's error):
-the tail of the pipeline depends on the prediction, so two tasks whose predictions
-differ only in the fourth digit would otherwise each run it (the decision memo keys on
-the prediction; see :mod:`celery_aitp.publish.memo`).
+A model's output is on a grid of 16 steps per doubling (:func:`~celery_aitp.predict.
+compiled.on_grid`, rounded once per cache entry): the decision memo keys on the
+prediction, so two tasks whose predictions differ only in the fourth digit would
+otherwise each run the pipeline's tail.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from celery_aitp.core.request import Decision, Request, runtime_hint
@@ -31,17 +29,6 @@ from celery_aitp.predict.drift import DRIFT_SOURCE, EMPTY_DRIFT, DriftSource
 from celery_aitp.predict.features import base_of
 from celery_aitp.predict.history import EMPTY_HISTORY, HISTORY_SOURCE, HistorySource
 from celery_aitp.predict.model_source import MODEL_SOURCE, ModelSource
-
-#: Steps per doubling of the grid model predictions are rounded to.
-GRID_STEPS = 16
-
-
-def on_grid(seconds: float) -> float:
-    """``seconds`` rounded to the nearest of ``2 ** (k / GRID_STEPS)``: at most 2.2% off.
-    Zero, infinity and NaN are returned as they are."""
-    if not 0.0 < seconds < math.inf:
-        return seconds
-    return 2.0 ** (round(math.log2(seconds) * GRID_STEPS) / GRID_STEPS)
 
 
 class FeatureStage:
@@ -107,8 +94,8 @@ class PredictStage:
                 base = base_of(history.of(decision.tenant, request.task), default)
                 p50 *= base
                 p90 *= base
-            decision.predicted_runtime_s = on_grid(p50)
-            decision.predicted_p90_s = on_grid(p90)
+            decision.predicted_runtime_s = p50
+            decision.predicted_p90_s = p90
             decision.prediction_source = "model"
             return
         history = view.sources.get(HISTORY_SOURCE, EMPTY_HISTORY)

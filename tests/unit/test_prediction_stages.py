@@ -13,10 +13,10 @@ from celery_aitp.core.request import Decision, Request, read_header
 from celery_aitp.core.view import View
 from celery_aitp.learn.train import TrainConfig, train
 from celery_aitp.predict.bundle import ModelBundle
+from celery_aitp.predict.compiled import GRID_STEPS, on_grid
 from celery_aitp.predict.history import HISTORY_SOURCE, HistoryStore
 from celery_aitp.predict.model_source import MODEL_SOURCE
 from celery_aitp.predict.model_store import ModelStore
-from celery_aitp.publish.predict_stage import GRID_STEPS, on_grid
 from tests.unit.conftest import make_live
 
 
@@ -99,8 +99,8 @@ def test_the_model_predicts_once_promoted(synthetic_app, store, published, train
     # the model corrects the history estimate: its output times the last two (0.2 s)
     assert model.base_default_s is not None
     low, high = model.compiled.evaluate(vector)
-    assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == (on_grid(low * 0.2),
-                                                                on_grid(high * 0.2))
+    assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == (on_grid(low) * 0.2,
+                                                                on_grid(high) * 0.2)
     assert h["predicted_p90_s"] >= h["predicted_runtime_s"] > 0
 
 
@@ -142,8 +142,8 @@ def test_a_model_without_a_request_key_predicts_from_the_feature_vector(
     assert decision.feature_key is None and len(decision.features) == len(model.spec.names)
     low, high = model.compiled.evaluate(decision.features)
     base = model.base_default_s  # no history for this pair or tenant: the training median
-    assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == (on_grid(low * base),
-                                                                on_grid(high * base))
+    assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == (on_grid(low) * base,
+                                                                on_grid(high) * base)
 
 
 def test_a_refused_model_leaves_cold_start_in_place(synthetic_app, store, published, trained):
