@@ -69,10 +69,9 @@ def served_queues(owners: Sequence[str], classes: Container[str], accelerator: s
                   tiers: Sequence[str]) -> list[str]:
     """The tier queues a worker serving ``owners`` reads: highest tier first, then owners
     in the order given; then the lanes of the classes among them, in the same order."""
-    queues = [tier_queue_name(o, accelerator, tier) for tier in tiers for o in owners]
     lanes = [lane_owner(o) for o in owners if o in classes]
-    return queues + [tier_queue_name(lane, accelerator, tier) for tier in tiers
-                     for lane in lanes]
+    return all_tier_queues(owners, [accelerator], tiers) + all_tier_queues(
+        lanes, [accelerator], tiers)
 
 
 def policy_queues(owners: Iterable[str], classes: Iterable[str], accelerators: Iterable[str],
