@@ -26,6 +26,7 @@ from celery_aitp.priority_policy import (
     PlacementSettings,
     PrioritySettings,
     ProfileSettings,
+    ReserveSettings,
     SpillSettings,
     TierOrder,
 )
@@ -352,6 +353,10 @@ class Policy(_Model):
     )
     fair_share: FairShareSettings = Field(
         default_factory=FairShareSettings, description="Per-tenant fair share."
+    )
+    reserve: ReserveSettings = Field(
+        default_factory=ReserveSettings, description="Processes workers keep for their "
+                                                     "higher tiers (Redis)."
     )
     spill: SpillSettings = Field(
         default_factory=SpillSettings, description="Saturated tiers spill to idle standard "

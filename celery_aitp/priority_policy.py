@@ -122,6 +122,21 @@ class PlacementSettings(_Section):
         description="Seconds between two reads of the shared histogram.")
 
 
+class ReserveSettings(_Section):
+    """Processes an AITP worker keeps for its higher tiers (``worker/reserve.py``; Redis)."""
+
+    processes: int = Field(
+        default=1, ge=0, le=1024,
+        description="Processes of each worker (with at least this many + 2) that "
+                    "lowest-tier tasks may not all hold while higher tiers have work; 0 "
+                    "turns the reserve off.")
+    max_wait_runs: float = Field(
+        default=1.5, gt=0, le=1000,
+        description="A lowest-tier task that has waited this many mean lowest-tier runs "
+                    "(as the worker timed them) may take a kept process: the reserve's "
+                    "starvation bound.")
+
+
 class FeedbackSettings(_Section):
     """Tenants that miss their SLAs get a bounded boost (``scheduling/feedback.py``)."""
 

@@ -21,10 +21,11 @@ from celery_aitp.deployment import store_url_for
 from celery_aitp.errors import PolicyError, StoreError
 from celery_aitp.layout import physical_groups
 from celery_aitp.policy import Policy
+from celery_aitp.priority_policy import TierOrder
 from celery_aitp.queues import served_queues
 from celery_aitp.redact import redact
 from celery_aitp.scheduling.feedback import FeedbackPass
-from celery_aitp.worker import acks, aging, tier_cycle
+from celery_aitp.worker import acks, aging, reserve, tier_cycle
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         self.concurrency = getattr(worker, "concurrency", None) or 1
         self._occupancy: Any = None
         self._follow_usage = False
+        self._reserve: reserve.Reserve | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         if self.plan.enabled:
@@ -195,12 +197,31 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         if self.middleware.broker_driver == "redis":
             options = dict(app.conf.broker_transport_options or {})
             options["queue_order_strategy"] = self._order_strategy(names)
+            if strict and self._keep_reserve(names):  # see worker/reserve.py
+                options.setdefault("polling_interval", reserve.SAMPLE_S)
             app.conf.broker_transport_options = options
         if strict:
             plan = acks.ack_tier_deliveries_late(app, names)
             for line in plan.warnings():
                 logger.warning("%s", line)
         logger.info("aitp: consuming %s", ", ".join(queues.consume_from))
+
+    def _keep_reserve(self, names: list[str]) -> bool:
+        """Keep ``reserve.processes`` for the higher tiers, if this worker can: weighted
+        order, enough processes, and queues of the lowest tier and of a higher one."""
+        policy = self.middleware.policy
+        kept = policy.reserve.processes
+        lowest = reserve.lowest_tier_queues(policy, names)
+        if (not kept or policy.tier_order is not TierOrder.WEIGHTED
+                or self.concurrency < kept + 2 or not lowest or len(lowest) == len(names)):
+            tier_cycle.set_reserve(None)
+            return False
+        self._reserve = reserve.Reserve(lowest, self.concurrency, kept,
+                                        policy.reserve.max_wait_runs)
+        tier_cycle.set_reserve(self._reserve)
+        logger.info("aitp: %s of %s processes kept for the higher tiers", kept,
+                    self.concurrency)
+        return True
 
     def _order_strategy(self, names: list[str]) -> str:
         """The kombu queue-order strategy for the policy's ``tier_order``."""
@@ -233,6 +254,9 @@ class AitpWorkerStep(bootsteps.StartStopStep):
             feedback = FeedbackPass(self.middleware.store, policy,
                                     self.middleware.settings.evacuate_interval_s)
             self._spawn("aitp-feedback", lambda: feedback.run(self._stop))
+        if self._reserve is not None:  # the lowest tier's oldest wait: worker/reserve.py
+            sampler = reserve.ReserveSampler(self.middleware, self._reserve)
+            self._spawn("aitp-reserve", lambda: sampler.run(self._stop))
         if aging.enabled(self.middleware.policy, self.middleware.broker_driver):
             ager = aging.Ager(self.middleware)  # RabbitMQ's no-starvation: worker/aging.py
             self._spawn("aitp-aging", lambda: ager.run(self._stop))

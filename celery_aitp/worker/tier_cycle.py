@@ -39,6 +39,9 @@ tier's ``1/8`` for its lane, times the class's ``queue_weight``): behind the cla
 other tenants, and the flooder's short tasks still ahead of its long ones. Lanes are
 more queues of the order, so the bound below covers them.
 
+A worker may keep processes for its higher tiers (:mod:`celery_aitp.worker.reserve`):
+while its reserve holds, a read leaves the lowest tier's queues out.
+
 **Bound.** Between two reads of a backlogged queue ``q`` (among ``m`` queues of total
 weight ``W``) there are at most ``G_q = ceil(W / w_q) + 2m`` reads of other queues; a
 message with ``k`` messages ahead of it in its queue is read within ``(k + 1) * (G_q +
@@ -58,6 +61,7 @@ from celery_aitp.policy import TIER_WEIGHT_RATIO, Policy
 from celery_aitp.priority_policy import TierOrder
 from celery_aitp.queues import lane_class, parse_tier_queue
 from celery_aitp.scheduling.usage import USAGE_SOURCE
+from celery_aitp.worker.reserve import Reserve
 
 #: The strategy's dotted name, as ``queue_order_strategy`` takes it.
 STRATEGY = "celery_aitp.worker.tier_cycle:WeightedTierCycle"
@@ -70,6 +74,8 @@ _demoted_weights: dict[str, float] = {}
 _tenant_of: dict[str, str] = {}
 _demoted: frozenset[str] = frozenset()
 _default_weight = 1.0
+#: The worker's reserve for its higher tiers (worker/reserve.py), if it keeps one.
+_reserve: Reserve | None = None
 
 
 class WeightPlan:
@@ -144,6 +150,13 @@ def configure(plan: WeightPlan | Mapping[str, float], default: float = 1.0) -> N
         _demoted = frozenset()
 
 
+def set_reserve(reserve: Reserve | None) -> None:
+    """Keep processes for the higher tiers: while ``reserve`` holds, reads leave the
+    lowest tier's queues out (bootstep; None: no reserve)."""
+    global _reserve
+    _reserve = reserve
+
+
 def set_demoted(tenants: frozenset[str]) -> None:
     """Tenants above their fair share right now (their lowest tier read behind the others)."""
     global _demoted
@@ -194,12 +207,17 @@ class WeightedTierCycle:
         index = {q: i for i, q in enumerate(self.items)}
         order = sorted(self.items, key=lambda q: (self.passes.get(q, 0.0), -weight_of(q),
                                                   index[q]))[:n]
+        reserve = _reserve
+        if reserve is not None and reserve.holds():
+            order = [q for q in order if q not in reserve.lowest] or order
         self._offered = order
         return order
 
     def rotate(self, last_used: str) -> str:
         """Charge the served queue; queues offered before it were empty: no credit, and
         their next message waits one of their own steps behind the served queue."""
+        if _reserve is not None:
+            _reserve.read(last_used)
         passes = self.passes
         base = passes.get(last_used)
         if base is None:

@@ -213,3 +213,30 @@ def test_a_callers_priority_ranks_ahead_of_the_tier_as_celery_ranks_it_ahead_of_
     # (the worker reads tier queues only, so each of them was routed)
     assert [name for name, _ in sorted(runs.items(), key=lambda kv: kv[1]["at"])] == [
         "plain_lo", "demoted_hi", "demoted_lo"]
+
+
+def test_a_worker_keeps_a_process_for_a_short_task_while_long_ones_wait(deployment, request):
+    """The reserve (worker/reserve.py): on a 3-process worker, lowest-tier tasks hold at
+    most 2 processes while a higher tier is in use, so a hi task arriving behind a backlog
+    of long lo tasks starts at once instead of after a long run."""
+    use_policy(deployment, {**TEST_POLICY, "reserve": {"processes": 1, "max_wait_runs": 50}})
+    proj = request.getfixturevalue("proj")
+    start_worker = request.getfixturevalue("start_worker")
+    start_worker("acme", "--aitp-tenant", "acme", "--aitp-no-default-queue", pool="threads",
+                 concurrency=3)
+    wait_live(proj, "aitp.acme.cpu.lo")
+    headers = {"aitp_tenant": "acme"}
+    proj.step.apply_async((0, 0.2), headers=headers).get(timeout=30)  # times a lo run
+    proj.hi.apply_async((0, 0.0), headers=headers).get(timeout=30)  # a higher tier in use
+    longs = [proj.step.apply_async((i, 1.5), headers=headers) for i in range(1, 4)]
+    time.sleep(0.5)
+    sent = time.time()
+    short = proj.hi.apply_async((9, 0.05), headers=headers).get(timeout=30)
+    runs = [r.get(timeout=60) for r in longs]
+    assert {r["queue"] for r in runs} == {"aitp.acme.cpu.lo"}
+    starts = sorted(r["started"] for r in runs)
+    # Two long runs start at once, the third only after one of them ended (1.5 s later)...
+    assert starts[2] - starts[0] > 1.2, starts
+    # ...while the short task took the kept process within a fraction of a long run.
+    assert short["at"] - sent < 0.75, short["at"] - sent
+    assert short["at"] < starts[2], (short["at"], starts)

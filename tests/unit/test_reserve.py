@@ -1,0 +1,233 @@
+"""The reserve: the lowest tier never holds every process while higher tiers have work."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import celery_aitp
+from celery_aitp.policy import parse_policy
+from celery_aitp.stubs import MemoryQueueOps
+from celery_aitp.worker import tier_cycle
+from celery_aitp.worker.bootstep import AitpWorkerStep
+from celery_aitp.worker.reserve import SAMPLE_S, Reserve, ReserveSampler, lowest_tier_queues
+from celery_aitp.worker.tier_cycle import WeightedTierCycle
+from tests.conftest import TEST_POLICY
+
+HI, LO = "aitp.a.cpu.hi", "aitp.a.cpu.lo"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def request(queue: str) -> SimpleNamespace:
+    return SimpleNamespace(delivery_info={"routing_key": queue})
+
+
+@pytest.fixture
+def setup():
+    """A 4-process worker keeping one process, with the requests it holds in a list."""
+    clock = Clock()
+    held: list[SimpleNamespace] = []
+    reserve = Reserve([LO], processes=4, kept=1, max_wait_runs=1.5,
+                      requests=lambda: list(held), clock=clock)
+    tier_cycle.configure({HI: 64.0, LO: 1.0}, 1.0)
+    tier_cycle.set_reserve(reserve)
+    yield reserve, held, clock
+    tier_cycle.set_reserve(None)
+    tier_cycle.configure({}, 1.0)
+
+
+def time_one_lowest_run(reserve: Reserve, held: list, clock: Clock, seconds: float) -> None:
+    """Let the reserve time one lowest-tier run of ``seconds``."""
+    run = request(LO)
+    held.append(run)
+    reserve.holds()
+    clock.now += seconds
+    held.remove(run)
+    reserve.holds()
+
+
+def brpop(cycle: WeightedTierCycle, queues: dict[str, deque]) -> str | None:
+    """What kombu's Redis BRPOP does: the first non-empty queue in the cycle's order."""
+    for name in cycle.consume(len(cycle.items)):
+        if queues[name]:
+            queues[name].popleft()
+            cycle.rotate(name)
+            return name
+    return None
+
+
+def test_until_a_lowest_tier_run_was_timed_the_reserve_never_holds(setup):
+    reserve, held, clock = setup
+    held.extend(request(LO) for _ in range(3))
+    reserve.read(HI)
+    assert reserve.max_wait_s == math.inf
+    assert not reserve.holds()
+
+
+def test_with_three_long_runs_of_four_processes_a_read_leaves_the_lowest_tier_out(setup):
+    reserve, held, clock = setup
+    time_one_lowest_run(reserve, held, clock, 1.0)
+    assert reserve.max_wait_s == pytest.approx(1.5)
+    reserve.read(HI)
+    held.extend(request(LO) for _ in range(2))
+    cycle = WeightedTierCycle([HI, LO])
+    queues = {HI: deque(), LO: deque(range(5))}
+    assert brpop(cycle, queues) == LO  # two of four run long tasks: a third may start
+    held.append(request(LO))
+    assert cycle.consume(2) == [HI]  # three of four: the last process is kept
+    assert brpop(cycle, queues) is None
+    queues[HI].append("short")
+    assert brpop(cycle, queues) == HI
+    held.pop()  # one long run ended: the lowest tier is read again
+    assert brpop(cycle, queues) == LO
+
+
+def test_the_reserve_lets_go_when_no_higher_tier_was_read_lately(setup):
+    reserve, held, clock = setup
+    time_one_lowest_run(reserve, held, clock, 1.0)
+    held.extend(request(LO) for _ in range(3))
+    reserve.read(HI)
+    assert reserve.holds()
+    clock.now += 1.6  # more than 1.5 mean runs without a higher-tier read (cold start)
+    assert not reserve.holds()
+    reserve.read(LO)  # reading the lowest tier does not count
+    assert not reserve.holds()
+
+
+def test_a_lowest_tier_task_that_waited_max_wait_runs_takes_a_kept_process(setup):
+    reserve, held, clock = setup
+    time_one_lowest_run(reserve, held, clock, 2.0)
+    held.extend(request(LO) for _ in range(3))
+    reserve.read(HI)
+    assert reserve.holds()
+    ops = MemoryQueueOps()
+    sampler = ReserveSampler(None, reserve, ops)
+    ops.queues[LO].append((time.time() - 2.8, "task"))
+    sampler.sample()
+    assert reserve.holds()  # waited 2.8 s < 1.5 x 2 s
+    ops.queues[LO].appendleft((time.time() - 3.1, "older task"))
+    sampler.sample()
+    assert not reserve.holds()
+    assert reserve.capped  # still capped: the sampler keeps reading while it lets go
+
+
+def test_the_reserve_lets_go_while_more_lowest_tier_tasks_wait_than_the_tier_may_run(setup):
+    reserve, held, clock = setup
+    time_one_lowest_run(reserve, held, clock, 2.0)
+    held.extend(request(LO) for _ in range(3))
+    reserve.read(HI)
+    ops = MemoryQueueOps()
+    sampler = ReserveSampler(None, reserve, ops)
+    ops.queues[LO].extend((time.time(), i) for i in range(3))
+    assert reserve.holds()
+    sampler.sample()
+    assert reserve.waiting == 3 and reserve.holds()  # three wait, three may run: kept
+    ops.queues[LO].append((time.time(), 3))
+    sampler.sample()
+    assert not reserve.holds()  # a backlog the capped tier cannot drain: let go
+
+
+def test_the_sampler_reads_nothing_while_the_reserve_does_not_hold(setup):
+    reserve, held, clock = setup
+
+    class Refusing:
+        def oldest_ages(self, queues, now):
+            raise AssertionError("read while not capped")
+
+    reserve.sampled(9.0)
+    ReserveSampler(None, reserve, Refusing()).sample()
+    assert reserve.oldest_wait_s == 0.0
+
+
+def test_the_mean_lowest_tier_run_follows_recent_runs(setup):
+    reserve, held, clock = setup
+    time_one_lowest_run(reserve, held, clock, 1.0)
+    for _ in range(50):
+        time_one_lowest_run(reserve, held, clock, 0.2)
+    assert reserve.mean_runtime_s == pytest.approx(0.2, abs=0.01)
+
+
+def test_a_run_is_timed_from_celerys_start_time_when_the_request_has_one(setup):
+    reserve, held, clock = setup
+    run = SimpleNamespace(delivery_info={"routing_key": LO}, time_start=time.time() - 0.5)
+    held.append(run)
+    reserve.holds()  # first seen half a second after it started
+    clock.now += 1.0
+    held.remove(run)
+    reserve.holds()
+    assert reserve.mean_runtime_s == pytest.approx(1.5, abs=0.05)
+
+
+def test_other_queues_runs_are_not_counted_as_lowest_tier_runs(setup):
+    reserve, held, clock = setup
+    time_one_lowest_run(reserve, held, clock, 1.0)
+    reserve.read(HI)
+    held.extend([request(LO), request(LO), request(HI), request("celery")])
+    assert not reserve.holds()
+
+
+def test_lowest_tier_queues_include_the_lowest_tiers_lane():
+    policy = parse_policy({"tenants": {"default": {}}, "tenant_classes": {"std": {}}})
+    queues = ["aitp.std.cpu.hi", "aitp.std.cpu.lo", "aitp.std~over.cpu.mid",
+              "aitp.std~over.cpu.lo", "celery"]
+    assert lowest_tier_queues(policy, queues) == ["aitp.std.cpu.lo", "aitp.std~over.cpu.lo"]
+
+
+def test_the_reserve_is_on_by_default_and_can_be_turned_off():
+    assert parse_policy({"tenants": {"default": {}}}).reserve.processes == 1
+    off = parse_policy({"tenants": {"default": {}}, "reserve": {"processes": 0}})
+    assert off.reserve.processes == 0
+    with pytest.raises(Exception, match="max_wait_runs"):
+        parse_policy({"tenants": {"default": {}}, "reserve": {"max_wait_runs": 0}})
+
+
+def worker_step(concurrency: int, strict: bool = True, **policy: Any) -> tuple[Any, Any]:
+    """An AITP worker step for tenant acme on a Redis broker (nothing connects)."""
+    app = Celery("reserve", broker="redis://127.0.0.1:1/0")
+    celery_aitp.install(app, policy={**TEST_POLICY, **policy},
+                        store_url="redis://127.0.0.1:1/0")
+    worker = SimpleNamespace(app=app, hostname="w@test", prefetch_multiplier=1,
+                             concurrency=concurrency)
+    step = AitpWorkerStep(worker, aitp_tenant=("acme",), aitp_strict=strict)
+    return app, step
+
+
+@pytest.fixture
+def no_reserve_after():
+    yield
+    tier_cycle.set_reserve(None)
+    tier_cycle.configure({}, 1.0)
+
+
+def test_a_strict_redis_worker_with_four_processes_keeps_one(no_reserve_after):
+    app, step = worker_step(4)
+    reserve = tier_cycle._reserve
+    assert reserve is step._reserve is not None
+    assert reserve.limit == 3
+    assert reserve.lowest == {"aitp.acme.cpu.lo"}
+    assert app.conf.broker_transport_options["polling_interval"] == SAMPLE_S
+
+
+@pytest.mark.parametrize("concurrency, strict, policy", [
+    (2, True, {}),  # too few processes: one kept would halve the lowest tier's
+    (4, False, {}),  # not strict: a reserved message already waits in each process
+    (4, True, {"reserve": {"processes": 0}}),
+    (4, True, {"tier_order": "strict"}),
+])
+def test_no_reserve_where_it_cannot_pay_off(no_reserve_after, concurrency, strict, policy):
+    app, step = worker_step(concurrency, strict, **policy)
+    assert tier_cycle._reserve is None and step._reserve is None
+    assert "polling_interval" not in app.conf.broker_transport_options
