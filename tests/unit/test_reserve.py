@@ -19,6 +19,7 @@ from celery_aitp.worker.bootstep import AitpWorkerStep
 from celery_aitp.worker.reserve import SAMPLE_S, Reserve, ReserveSampler, lowest_tier_queues
 from celery_aitp.worker.tier_cycle import WeightedTierCycle
 from tests.conftest import TEST_POLICY
+from tests.support.queue_order import brpop
 
 HI, LO = "aitp.a.cpu.hi", "aitp.a.cpu.lo"
 
@@ -49,6 +50,15 @@ def setup():
     tier_cycle.configure({}, 1.0)
 
 
+def capped(reserve: Reserve, held: list, clock: Clock, run_s: float) -> None:
+    """Time one lowest-tier run of ``run_s``, then fill all but the kept process with
+    lowest-tier runs while a higher tier is in use: the reserve holds."""
+    time_one_lowest_run(reserve, held, clock, run_s)
+    held.extend(request(LO) for _ in range(3))
+    reserve.read(HI)
+    assert reserve.holds()
+
+
 def time_one_lowest_run(reserve: Reserve, held: list, clock: Clock, seconds: float) -> None:
     """Let the reserve time one lowest-tier run of ``seconds``."""
     run = request(LO)
@@ -57,16 +67,6 @@ def time_one_lowest_run(reserve: Reserve, held: list, clock: Clock, seconds: flo
     clock.now += seconds
     held.remove(run)
     reserve.holds()
-
-
-def brpop(cycle: WeightedTierCycle, queues: dict[str, deque]) -> str | None:
-    """What kombu's Redis BRPOP does: the first non-empty queue in the cycle's order."""
-    for name in cycle.consume(len(cycle.items)):
-        if queues[name]:
-            queues[name].popleft()
-            cycle.rotate(name)
-            return name
-    return None
 
 
 def test_until_a_lowest_tier_run_was_timed_the_reserve_never_holds(setup):
@@ -97,10 +97,7 @@ def test_with_three_long_runs_of_four_processes_a_read_leaves_the_lowest_tier_ou
 
 def test_the_reserve_lets_go_when_no_higher_tier_was_read_lately(setup):
     reserve, held, clock = setup
-    time_one_lowest_run(reserve, held, clock, 1.0)
-    held.extend(request(LO) for _ in range(3))
-    reserve.read(HI)
-    assert reserve.holds()
+    capped(reserve, held, clock, 1.0)
     clock.now += 1.6  # more than 1.5 mean runs without a higher-tier read (cold start)
     assert not reserve.holds()
     reserve.read(LO)  # reading the lowest tier does not count
@@ -109,10 +106,7 @@ def test_the_reserve_lets_go_when_no_higher_tier_was_read_lately(setup):
 
 def test_a_lowest_tier_task_that_waited_max_wait_runs_takes_a_kept_process(setup):
     reserve, held, clock = setup
-    time_one_lowest_run(reserve, held, clock, 2.0)
-    held.extend(request(LO) for _ in range(3))
-    reserve.read(HI)
-    assert reserve.holds()
+    capped(reserve, held, clock, 2.0)
     ops = MemoryQueueOps()
     sampler = ReserveSampler(None, reserve, ops)
     ops.queues[LO].append((time.time() - 2.8, "task"))

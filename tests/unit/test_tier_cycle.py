@@ -17,6 +17,7 @@ from celery_aitp.worker.tier_cycle import (
     longest_wait_s,
     queue_weights,
 )
+from tests.support.queue_order import brpop
 
 Q = ["aitp.a.cpu.hi", "aitp.a.cpu.mid", "aitp.a.cpu.lo"]
 WEIGHTS = {"aitp.a.cpu.hi": 64.0, "aitp.a.cpu.mid": 8.0, "aitp.a.cpu.lo": 1.0}
@@ -27,16 +28,6 @@ def weights():
     tier_cycle.configure(WEIGHTS, 1.0)
     yield
     tier_cycle.configure({}, 1.0)
-
-
-def brpop(cycle: WeightedTierCycle, queues: dict[str, deque]) -> str | None:
-    """What kombu's Redis BRPOP does: the first non-empty queue in the cycle's order."""
-    for name in cycle.consume(len(cycle.items)):
-        if queues[name]:
-            queues[name].popleft()
-            cycle.rotate(name)
-            return name
-    return None
 
 
 def test_kombu_loads_the_strategy_by_its_dotted_name():
