@@ -28,7 +28,7 @@ polls every :data:`SAMPLE_S` while the reserve is on).
 On a simulated worker (4 processes, 85% load, exact sizes, strict tiers) a reserve of
 one cut the mean slowdown of a 10-50 ms / 0.5-1.5 s mix by 15-25% and the short tasks'
 p95 wait by 15-30%, while the long tasks' longest wait rose from 1.1x to 1.6-1.75x FIFO's
-(``max_wait_runs`` 1.5); measured figures are in docs/placement.md.
+(``max_wait_runs`` 1.5); the real worker gains less (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class Reserve:
         #: use): the reserve holds unless its oldest task waited too long.
         self.capped = False
         self._higher_read_at = -math.inf
-        self._started: dict[int, float] = {}  # lowest-tier request -> first seen
+        self._started: dict[Any, float] = {}  # lowest-tier request -> its start
         self._lock = threading.Lock()
 
     @property
@@ -123,7 +123,8 @@ class Reserve:
     def _track(self, now: float) -> int:
         """Count the lowest-tier runs, timing each from its start (Celery's ``time_start``,
         else first seen here) to the first read after it ended."""
-        seen = {id(r): r for r in self.requests() if _queue_of(r) in self.lowest}
+        seen = {getattr(r, "id", None) or id(r): r for r in self.requests()
+                if _queue_of(r) in self.lowest}  # by task id: an object's id() is reused
         started = self._started
         for key in [k for k in started if k not in seen]:
             self._observe(now - started.pop(key))
