@@ -33,6 +33,7 @@ p95 wait by 15-30%, while the long tasks' longest wait rose from 1.1x to 1.6-1.7
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -41,7 +42,10 @@ from typing import Any
 
 from celery_aitp.policy import Policy
 from celery_aitp.queues import parse_tier_queue
+from celery_aitp.redact import redact
 from celery_aitp.worker.janitor import BrokerQueuePass
+
+logger = logging.getLogger(__name__)
 
 #: Seconds between two samples of the lowest tier's oldest wait (and the broker poll
 #: interval of a worker with the reserve on).
@@ -148,6 +152,7 @@ class ReserveSampler(BrokerQueuePass):
         super().__init__(middleware, ops)
         self.reserve = reserve
         self.queues = sorted(reserve.lowest)
+        self.failing = False  # the last sample failed (its warning is logged once)
 
     def sample(self) -> None:
         """One sample (nothing to read while the lowest tier is not capped)."""
@@ -159,9 +164,21 @@ class ReserveSampler(BrokerQueuePass):
         self.reserve.sampled(max((a for a in ages.values() if a is not None), default=0.0),
                              sum(ops.depths(self.queues).values()))
 
+    def tick(self) -> None:
+        """One sample that never raises: if the broker cannot be read, the reserve lets
+        go (it cannot tell how long the lowest tier has waited) until a sample succeeds;
+        the first failure of a run of them is logged."""
+        try:
+            self.sample()
+        except Exception as exc:
+            self.reserve.sampled(math.inf)
+            if not self.failing:
+                logger.warning("aitp: reserve lets go until the lowest tier's queues can "
+                               "be read again: %s", redact(repr(exc)))
+            self.failing = True
+            return
+        self.failing = False
+
     def run(self, stop: threading.Event) -> None:
         while not stop.wait(SAMPLE_S):
-            try:
-                self.sample()
-            except Exception:  # a broker hiccup: the reserve stops holding until it reads
-                self.reserve.sampled(math.inf)
+            self.tick()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import deque
@@ -144,6 +145,27 @@ def test_the_sampler_reads_nothing_while_the_reserve_does_not_hold(setup):
     reserve.sampled(9.0)
     ReserveSampler(None, reserve, Refusing()).sample()
     assert reserve.oldest_wait_s == 0.0
+
+
+def test_a_broker_that_cannot_be_read_makes_the_reserve_let_go_with_one_warning(setup, caplog):
+    reserve, held, clock = setup
+    capped(reserve, held, clock, 2.0)
+
+    class Down:
+        def oldest_ages(self, queues, now):
+            raise ConnectionError("redis is down")
+
+    sampler = ReserveSampler(None, reserve, Down())
+    with caplog.at_level(logging.WARNING, logger="celery_aitp.worker.reserve"):
+        sampler.tick()
+        sampler.tick()
+    assert not reserve.holds() and reserve.capped
+    assert [r.getMessage() for r in caplog.records].count(
+        "aitp: reserve lets go until the lowest tier's queues can be read again: "
+        "ConnectionError('redis is down')") == 1
+    sampler._ops = MemoryQueueOps()  # the broker is back: the next sample holds again
+    sampler.tick()
+    assert reserve.holds() and not sampler.failing
 
 
 def test_the_mean_lowest_tier_run_follows_recent_runs(setup):
