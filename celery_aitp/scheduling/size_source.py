@@ -136,7 +136,7 @@ class SizeSource:
 
     def fetch(self, store: RedisStore, previous: Any) -> SizeClasses:
         now = self.clock()
-        if now - self._last < self.settings.refresh_s:
+        if now - self._last < self.settings.refresh_s and not self._awaits_boundaries(previous):
             return previous
         self._last = now
         amounts = self.drain()
@@ -154,3 +154,18 @@ class SizeSource:
         hists = current_histograms(decode_hash(raw))[0]
         return classes_for(hists, previous if isinstance(previous, SizeClasses)
                            else SizeClasses(), self.tiers, self.settings)
+
+    def _awaits_boundaries(self, previous: Any) -> bool:
+        """Whether this process's newest placement is of a class without boundaries.
+
+        Until it has some, every task of the class takes the lowest tier and then waits
+        there behind the short work placed once the boundaries exist (placement
+        benchmark, pareto, the first model's first seconds: short tasks waited up to
+        3.8 s); so such a class is read back every refresher round, not every
+        ``refresh_s``."""
+        try:
+            family = self.pending[-1][0]  # one atomic read: the publish path appends
+        except IndexError:
+            return False
+        cuts = previous.cuts if isinstance(previous, SizeClasses) else {}
+        return family not in cuts

@@ -170,3 +170,26 @@ def test_rare_tasks_still_draw_boundaries(store):
     assert "cpu" in seen[-1].cuts
     short, long = 0.03, 1.0
     assert seen[-1].rank("cpu", short, 2) < seen[-1].rank("cpu", long, 2)
+
+
+def test_a_class_without_boundaries_is_read_back_every_round(store):
+    # until a class has boundaries its tasks take the lowest tier: waiting a whole
+    # refresh_s for the first ones put the first model's first seconds there
+    settings = PlacementSettings(refresh_s=60.0, min_samples=20)
+    now = [1000.0]
+    source = SizeSource(settings, 3, lambda: now[0])
+    classes = source.fetch(store, SizeClasses())  # the first read: nothing placed yet
+    sizes = iter(bimodal(400))
+    drawn = []
+    for _ in range(3):  # one refresher round a second, 15 placements each
+        now[0] += 1.0
+        source.pending.extend(("cpu", next(sizes)) for _ in range(15))
+        classes = source.fetch(store, classes)
+        drawn.append("cpu" in classes.cuts)
+    assert drawn == [False, True, True]  # 15, then 30 of min_samples 20
+    # with boundaries the class waits refresh_s again: these are not shipped yet
+    shipped = read_sizes(store)["cpu"].total
+    now[0] += 1.0
+    source.pending.extend(("cpu", next(sizes)) for _ in range(15))
+    assert source.fetch(store, classes) is classes
+    assert read_sizes(store)["cpu"].total == pytest.approx(shipped)
