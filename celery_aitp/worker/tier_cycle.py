@@ -206,10 +206,14 @@ class WeightedTierCycle:
         """The queue order for the next read: lowest pass first, heavier first on ties."""
         index = {q: i for i, q in enumerate(self.items)}
         order = sorted(self.items, key=lambda q: (self.passes.get(q, 0.0), -weight_of(q),
-                                                  index[q]))[:n]
+                                                  index[q]))
         reserve = _reserve
-        if reserve is not None and reserve.holds():
-            order = [q for q in order if q not in reserve.lowest] or order
+        if reserve is not None:  # see worker/reserve.py
+            if reserve.holds():  # a process kept for the higher tiers
+                order = [q for q in order if q not in reserve.lowest] or order
+            elif reserve.overdue():  # the lowest tier's oldest task waited long enough
+                order.sort(key=lambda q: q not in reserve.lowest)
+        order = order[:n]
         self._offered = order
         return order
 

@@ -240,3 +240,29 @@ def test_a_worker_keeps_a_process_for_a_short_task_while_long_ones_wait(deployme
     # ...while the short task took the kept process within a fraction of a long run.
     assert short["at"] - sent < 0.75, short["at"] - sent
     assert short["at"] < starts[2], (short["at"], starts)
+
+
+def test_a_lowest_tier_task_that_waited_long_is_read_before_a_higher_tiers_backlog(
+        deployment, request):
+    """Aging on Redis (worker/reserve.py): once the lowest tier's oldest task has waited
+    max_wait_runs mean lowest-tier runs, the next read takes it; the weighted order alone
+    would read it after about 64 reads of a backlogged hi (tier weights 64 : 8 : 1)."""
+    use_policy(deployment, {**TEST_POLICY, "reserve": {"processes": 1, "max_wait_runs": 2}})
+    proj = request.getfixturevalue("proj")
+    start_worker = request.getfixturevalue("start_worker")
+    start_worker("acme", "--aitp-tenant", "acme", "--aitp-no-default-queue", pool="threads",
+                 concurrency=3)
+    wait_live(proj, "aitp.acme.cpu.lo")
+    headers = {"aitp_tenant": "acme"}
+    proj.step.apply_async((0, 0.2), headers=headers).get(timeout=30)  # max wait: 0.4 s
+    his = [proj.hi.apply_async((i, 0.1), headers=headers) for i in range(100)]
+    time.sleep(0.3)
+    sent = time.time()
+    long_waiting = proj.step.apply_async((1, 0.0), headers=headers)
+    started = long_waiting.get(timeout=60)
+    hi_done = [r.get(timeout=60)["at"] for r in his]
+    assert started["queue"] == "aitp.acme.cpu.lo"
+    overtaken = sum(sent < t < started["started"] for t in hi_done)
+    # 0.4 s to wait, up to 0.25 s to be sampled and one hi run of 0.1 s: about 10 to 25
+    # hi tasks end meanwhile (3 processes); about 64 without aging
+    assert overtaken < 40, overtaken

@@ -135,6 +135,54 @@ def test_the_reserve_lets_go_while_more_lowest_tier_tasks_wait_than_the_tier_may
     assert not reserve.holds()  # a backlog the capped tier cannot drain: let go
 
 
+def test_a_lowest_tier_task_that_waited_max_wait_runs_is_read_first(setup):
+    # aging on Redis: under a higher tiers' backlog the weighted order alone reads the
+    # lowest tier once in 65 reads (pareto: long tasks waited 2.6x FIFO's longest)
+    reserve, held, clock = setup
+    time_one_lowest_run(reserve, held, clock, 1.0)  # max wait 1.5 s
+    reserve.read(HI)
+    ops = MemoryQueueOps()
+    sampler = ReserveSampler(None, reserve, ops)
+    cycle = WeightedTierCycle([HI, LO])
+    queues = {HI: deque(range(100)), LO: deque(["first", "long"])}
+    assert [brpop(cycle, queues) for _ in range(2)] == [HI, LO]  # now 64 HI reads to one LO
+    clock.now += 0.8
+    ops.queues[LO].append((time.time() - 1.0, "long"))
+    assert brpop(cycle, queues) == HI and reserve.watching  # not read for half a max wait
+    sampler.sample()
+    assert not reserve.overdue() and brpop(cycle, queues) == HI  # waited 1 s of 1.5
+    ops.queues[LO][0] = (time.time() - 1.6, "long")
+    sampler.sample()
+    assert reserve.overdue() and brpop(cycle, queues) == LO
+    assert not reserve.overdue() and brpop(cycle, queues) == HI  # read: the next sample tells
+
+
+def test_a_lowest_tier_at_its_share_of_processes_is_not_read_first(setup):
+    reserve, held, clock = setup
+    capped(reserve, held, clock, 1.0)
+    ops = MemoryQueueOps()
+    ops.queues[LO].append((time.time() - 2.0, "long"))
+    ReserveSampler(None, reserve, ops).sample()
+    assert not reserve.holds()  # the reserve lets go: the kept process may take it...
+    assert not reserve.overdue()  # ...but the tier does not go before the short work
+
+
+def test_a_broker_that_cannot_be_read_puts_no_tier_first(setup):
+    reserve, held, clock = setup
+    time_one_lowest_run(reserve, held, clock, 1.0)
+    reserve.sampled(math.inf)
+    assert not reserve.overdue()
+
+
+def test_an_idle_worker_does_not_watch_the_lowest_tier(setup):
+    reserve, held, clock = setup
+    time_one_lowest_run(reserve, held, clock, 1.0)
+    reserve.read(HI)
+    clock.now += 1.6  # no higher-tier read for more than a max wait
+    reserve.holds()
+    assert not reserve.watching
+
+
 def test_the_sampler_reads_nothing_while_the_reserve_does_not_hold(setup):
     reserve, held, clock = setup
 
