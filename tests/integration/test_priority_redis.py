@@ -215,18 +215,26 @@ def test_a_callers_priority_ranks_ahead_of_the_tier_as_celery_ranks_it_ahead_of_
         "plain_lo", "demoted_hi", "demoted_lo"]
 
 
-def test_a_worker_keeps_a_process_for_a_short_task_while_long_ones_wait(deployment, request):
-    """The reserve (worker/reserve.py): on a 3-process worker, lowest-tier tasks hold at
-    most 2 processes while a higher tier is in use, so a hi task arriving behind a backlog
-    of long lo tasks starts at once instead of after a long run."""
-    use_policy(deployment, {**TEST_POLICY, "reserve": {"processes": 1, "max_wait_runs": 50}})
+def reserve_worker(deployment: dict[str, str], request: Any, max_wait_runs: float) -> Any:
+    """A 3-process worker of acme keeping one process (worker/reserve.py), after it timed
+    one lo run of 0.2 s (its mean lowest-tier run); returns the test app."""
+    use_policy(deployment, {**TEST_POLICY, "reserve": {"processes": 1,
+                                                       "max_wait_runs": max_wait_runs}})
     proj = request.getfixturevalue("proj")
     start_worker = request.getfixturevalue("start_worker")
     start_worker("acme", "--aitp-tenant", "acme", "--aitp-no-default-queue", pool="threads",
                  concurrency=3)
     wait_live(proj, "aitp.acme.cpu.lo")
+    proj.step.apply_async((0, 0.2), headers={"aitp_tenant": "acme"}).get(timeout=30)
+    return proj
+
+
+def test_a_worker_keeps_a_process_for_a_short_task_while_long_ones_wait(deployment, request):
+    """The reserve (worker/reserve.py): on a 3-process worker, lowest-tier tasks hold at
+    most 2 processes while a higher tier is in use, so a hi task arriving behind a backlog
+    of long lo tasks starts at once instead of after a long run."""
+    proj = reserve_worker(deployment, request, max_wait_runs=50)
     headers = {"aitp_tenant": "acme"}
-    proj.step.apply_async((0, 0.2), headers=headers).get(timeout=30)  # times a lo run
     proj.hi.apply_async((0, 0.0), headers=headers).get(timeout=30)  # a higher tier in use
     longs = [proj.step.apply_async((i, 1.5), headers=headers) for i in range(1, 4)]
     time.sleep(0.5)
@@ -247,14 +255,8 @@ def test_a_lowest_tier_task_that_waited_long_is_read_before_a_higher_tiers_backl
     """Aging on Redis (worker/reserve.py): once the lowest tier's oldest task has waited
     max_wait_runs mean lowest-tier runs, the next read takes it; the weighted order alone
     would read it after about 64 reads of a backlogged hi (tier weights 64 : 8 : 1)."""
-    use_policy(deployment, {**TEST_POLICY, "reserve": {"processes": 1, "max_wait_runs": 2}})
-    proj = request.getfixturevalue("proj")
-    start_worker = request.getfixturevalue("start_worker")
-    start_worker("acme", "--aitp-tenant", "acme", "--aitp-no-default-queue", pool="threads",
-                 concurrency=3)
-    wait_live(proj, "aitp.acme.cpu.lo")
+    proj = reserve_worker(deployment, request, max_wait_runs=2)  # max wait: 0.4 s
     headers = {"aitp_tenant": "acme"}
-    proj.step.apply_async((0, 0.2), headers=headers).get(timeout=30)  # max wait: 0.4 s
     his = [proj.hi.apply_async((i, 0.1), headers=headers) for i in range(100)]
     time.sleep(0.3)
     sent = time.time()
