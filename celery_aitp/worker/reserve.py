@@ -180,14 +180,19 @@ class ReserveSampler(BrokerQueuePass):
         self.failing = False  # the last sample failed (its warning is logged once)
 
     def sample(self) -> None:
-        """One sample (nothing to read while the reserve does not watch)."""
+        """One sample (nothing to read while the reserve does not watch). The depths
+        come first, in one call: only the queues that hold a task have their oldest one
+        read (a busy worker's lowest tier is often empty, and it may have a queue per
+        tenant)."""
         if not self.reserve.watching:
             self.reserve.sampled(0.0)
             return
         ops = self.ops
-        ages = ops.oldest_ages(self.queues, time.time())
+        depths = ops.depths(self.queues)
+        waiting = [q for q, n in depths.items() if n]
+        ages = ops.oldest_ages(waiting, time.time()) if waiting else {}
         self.reserve.sampled(max((a for a in ages.values() if a is not None), default=0.0),
-                             sum(ops.depths(self.queues).values()))
+                             sum(depths.values()))
 
     def tick(self) -> None:
         """One sample that never raises: if the broker cannot be read, the reserve lets

@@ -167,6 +167,22 @@ def test_a_lowest_tier_at_its_share_of_processes_is_not_read_first(setup):
     assert not reserve.overdue()  # ...but the tier does not go before the short work
 
 
+def test_the_sampler_reads_the_oldest_task_only_of_queues_that_hold_one(setup):
+    reserve, held, clock = setup
+    capped(reserve, held, clock, 1.0)
+    ops = MemoryQueueOps()
+    asked = []
+    read = ops.oldest_ages
+    ops.oldest_ages = lambda queues, now: asked.append(list(queues)) or read(queues, now)
+    sampler = ReserveSampler(None, reserve, ops)
+    sampler.queues = [LO, "aitp.b.cpu.lo"]
+    sampler.sample()
+    assert asked == [] and reserve.oldest_wait_s == 0.0  # every queue empty: one call
+    ops.queues[LO].append((time.time() - 2.0, "long"))
+    sampler.sample()
+    assert asked == [[LO]] and reserve.oldest_wait_s >= 2.0
+
+
 def test_a_broker_that_cannot_be_read_puts_no_tier_first(setup):
     reserve, held, clock = setup
     time_one_lowest_run(reserve, held, clock, 1.0)
@@ -187,8 +203,8 @@ def test_the_sampler_reads_nothing_while_the_reserve_does_not_hold(setup):
     reserve, held, clock = setup
 
     class Refusing:
-        def oldest_ages(self, queues, now):
-            raise AssertionError("read while not capped")
+        def depths(self, queues):
+            raise AssertionError("read while not watching")
 
     reserve.sampled(9.0)
     ReserveSampler(None, reserve, Refusing()).sample()
@@ -200,7 +216,7 @@ def test_a_broker_that_cannot_be_read_makes_the_reserve_let_go_with_one_warning(
     capped(reserve, held, clock, 2.0)
 
     class Down:
-        def oldest_ages(self, queues, now):
+        def depths(self, queues):
             raise ConnectionError("redis is down")
 
     sampler = ReserveSampler(None, reserve, Down())
