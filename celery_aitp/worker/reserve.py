@@ -132,7 +132,8 @@ class Reserve:
         runs on fewer than its share of processes: the next read offers it first. At its
         share, the reserve only lets go (a tier loaded with long work that went first
         would take every process from the short tasks). A broker that cannot be read
-        proves nothing."""
+        proves nothing. Asked right after :meth:`holds`, whose ``capped`` it reads (the
+        tier cycle asks both for one read)."""
         return not self.capped and self.max_wait_s <= self.oldest_wait_s < math.inf
 
     def read(self, queue: str) -> None:
