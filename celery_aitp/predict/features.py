@@ -152,6 +152,40 @@ def argument_features(args: Any, kwargs: Any, args_bytes: Any = NAN,
     return out
 
 
+#: Keyword arguments :func:`magnitude_class` looks at (in the call's order).
+MAGNITUDE_KWARGS = 16
+#: Magnitude classes above this one are folded into it (2**40 is beyond any size).
+MAGNITUDE_CAP = 40
+
+
+def magnitude_class(args: Any, kwargs: Any) -> int | None:
+    """The call's size class for the cold start: the doubling its largest argument value
+    falls in (:func:`value_of`: a number itself, the length of a string or container),
+    from the first :data:`POSITIONAL` positional and :data:`MAGNITUDE_KWARGS` keyword
+    arguments. 0 for values below 1, None when no argument has a value. Never raises.
+
+    Calls of one task whose arguments differ by a factor of two or more often differ in
+    runtime too (rows, pixels, items); until a model learns which argument matters, the
+    history of calls of the same magnitude tells short calls from long ones.
+    """
+    largest = -1.0
+    positional = args if type(args) is tuple or type(args) is list else ()
+    named = kwargs if type(kwargs) is dict else {}
+    try:
+        values = [*positional[:POSITIONAL], *list(named.values())[:MAGNITUDE_KWARGS]]
+    except Exception:  # a container subclass with a broken accessor
+        return None
+    for value in values:
+        number = value_of(value)
+        if number == number and abs(number) > largest:
+            largest = abs(number)
+    if largest < 0:
+        return None
+    if largest < 1:
+        return 0
+    return min(MAGNITUDE_CAP, math.frexp(largest)[1])
+
+
 def _number_or_nan(value: Any) -> float | int:
     if type(value) is int or type(value) is float:
         return value_of(value)

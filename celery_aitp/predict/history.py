@@ -8,6 +8,10 @@ stream. Layout:
                                      :data:`HISTORY_DEPTH`; at most ``MAX_PAIRS`` fields);
                                      field ``<tenant>|`` (no task): the tenant's runs of
                                      any task, the same way
+``<prefix>:history:classes`` (hash)  field ``<magnitude class>|<task>``: the same over every
+                                     tenant's runs of the task whose largest argument is of
+                                     that magnitude (:func:`~celery_aitp.predict.features.
+                                     magnitude_class`; at most ``MAX_PAIRS`` fields)
 ``<prefix>:history:version``         incremented on every update
 
 Workers buffer finished runs and add them in one script call per refresh round.
@@ -23,12 +27,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
 from celery_aitp.errors import StoreError
-from celery_aitp.predict.features import HISTORY_DEPTH, History, history_features
+from celery_aitp.predict.features import HISTORY_DEPTH, History, history_features, magnitude_class
 from celery_aitp.store import RedisStore
 from celery_aitp.telemetry.counters import Counters
 
@@ -42,16 +46,34 @@ FETCH_INTERVAL_S = 2.0
 #: Runs a worker process buffers between two flushes before dropping the oldest.
 SINK_CAPACITY = 10_000
 
+#: Runs of one magnitude class of a task before its own bound is used (:class:`HistoryView`).
+MIN_CLASS_RUNS = 5
+#: A class's bound is used only when at most this share of the task's bound: a class that
+#: does not separate short calls from long ones (an id, a flag) leaves the task's.
+CLASS_BOUND_SHARE = 0.5
+
 Pair = tuple[str, str]
 Estimate = tuple[float, float]
+#: (task, magnitude class).
+SizeClass = tuple[str, int]
+
+
+class Run(NamedTuple):
+    """A finished run as the summary keeps it."""
+
+    tenant: str
+    task: str
+    runtime_s: float
+    #: :func:`~celery_aitp.predict.features.magnitude_class` of its arguments.
+    magnitude: int | None = None
 
 _ADD_RUNS = """
 local depth = tonumber(ARGV[1])
 local max_pairs = tonumber(ARGV[2])
 local refused = 0
-for i = 3, #ARGV, 2 do
-  local field, runtime = ARGV[i], ARGV[i + 1]
-  local current = redis.call('HGET', KEYS[1], field)
+for i = 3, #ARGV, 3 do
+  local key, field, runtime = KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2]
+  local current = redis.call('HGET', key, field)
   if current then
     local count, rest = string.match(current, '^(%d+);(.*)$')
     local kept, n = {runtime}, 1
@@ -60,9 +82,9 @@ for i = 3, #ARGV, 2 do
       n = n + 1
       kept[n] = value
     end
-    redis.call('HSET', KEYS[1], field, (tonumber(count or 0) + 1) .. ';' .. table.concat(kept, ','))
-  elseif redis.call('HLEN', KEYS[1]) < max_pairs then
-    redis.call('HSET', KEYS[1], field, '1;' .. runtime)
+    redis.call('HSET', key, field, (tonumber(count or 0) + 1) .. ';' .. table.concat(kept, ','))
+  elseif redis.call('HLEN', key) < max_pairs then
+    redis.call('HSET', key, field, '1;' .. runtime)
   else
     refused = refused + 1
   end
@@ -80,6 +102,12 @@ def pair_field(tenant: str, task: str) -> str:
 
 #: The task part of a tenant's own history field.
 ANY_TASK = ""
+
+
+def class_field(task: str, magnitude: int) -> str:
+    """Hash field of a task's magnitude class (``<class>|<task>``: the class never holds
+    a '|', so the first one splits)."""
+    return f"{magnitude}|{task}"
 
 
 def parse_entry(raw: Any) -> tuple[int, list[float]] | None:
@@ -141,6 +169,25 @@ def held_bound(longest: float, previous: tuple[float, float] | None, now: float)
     return max(longest, value * 0.5 ** (max(0.0, now - at) / BOUND_HALF_LIFE_S))
 
 
+def _class_estimates(classes: Mapping[SizeClass, tuple[int, list[float]]],
+                     task_bounds: Mapping[str, float],
+                     held: Mapping[SizeClass, tuple[float, float]], now: float
+                     ) -> tuple[dict[SizeClass, tuple[float, float]], dict[SizeClass, Estimate]]:
+    """Each class's held bound, and the estimates of the classes worth using: at least
+    :data:`MIN_CLASS_RUNS` runs, and a bound at most :data:`CLASS_BOUND_SHARE` of the
+    task's (the calls of the class are reliably shorter than the task's longest)."""
+    bounds: dict[SizeClass, tuple[float, float]] = {}
+    estimates: dict[SizeClass, Estimate] = {}
+    for size_class, (count, runtimes) in classes.items():
+        bound = held_bound(max(runtimes), held.get(size_class), now)
+        bounds[size_class] = (bound, now)
+        task_bound = task_bounds.get(size_class[0])
+        if (count >= MIN_CLASS_RUNS and len(runtimes) >= MIN_CLASS_RUNS
+                and task_bound is not None and bound <= CLASS_BOUND_SHARE * task_bound):
+            estimates[size_class] = (estimate(runtimes)[0], bound)
+    return bounds, estimates
+
+
 def _pooled(runtimes: list[float]) -> Estimate:
     """A task's estimate over all tenants: mean and p90 of each tenant's last two runs."""
     p50 = sum(runtimes) / len(runtimes)
@@ -151,17 +198,27 @@ class HistoryView:
     """What the publish path reads: features and estimates per pair, estimates per task."""
 
     __slots__ = ("features", "tenant_features", "estimates", "task_estimates", "version",
-                 "fetched_at", "bounds")
+                 "fetched_at", "bounds", "class_estimates", "class_bounds", "classed")
 
     def __init__(self, features: Mapping[Pair, History] | None = None,
                  estimates: Mapping[Pair, Estimate] | None = None,
                  task_estimates: Mapping[str, Estimate] | None = None,
                  version: int | None = None, fetched_at: float = 0.0,
                  tenant_features: Mapping[str, History] | None = None,
-                 bounds: Mapping[str, tuple[float, float]] | None = None) -> None:
+                 bounds: Mapping[str, tuple[float, float]] | None = None,
+                 class_estimates: Mapping[SizeClass, Estimate] | None = None,
+                 class_bounds: Mapping[SizeClass, tuple[float, float]] | None = None
+                 ) -> None:
         self.features = dict(features or {})
         #: Per task, the cold-start upper bound and when it was computed (held_bound).
         self.bounds = dict(bounds or {})
+        #: Per (task, magnitude class) that tells its calls apart from the task's longest:
+        #: mean of the last two runs and the class's held bound (:meth:`of_class`).
+        self.class_estimates = dict(class_estimates or {})
+        #: Per (task, magnitude class), its held bound, whether used or not.
+        self.class_bounds = dict(class_bounds or {})
+        #: The tasks that have a class estimate (the publish path sizes only their calls).
+        self.classed = frozenset(task for task, _ in self.class_estimates)
         #: History features of a tenant's first run of a task (its other tasks' runs).
         self.tenant_features = dict(tenant_features or {})
         self.estimates = dict(estimates or {})
@@ -173,8 +230,13 @@ class HistoryView:
     def from_entries(cls, entries: Mapping[Pair, tuple[int, list[float]]],
                      version: int | None = None,
                      fetched_at: float | None = None,
-                     held: Mapping[str, tuple[float, float]] | None = None) -> HistoryView:
-        """``held``: the previous view's :attr:`bounds` (a bound is let down slowly)."""
+                     held: Mapping[str, tuple[float, float]] | None = None,
+                     classes: Mapping[SizeClass, tuple[int, list[float]]] | None = None,
+                     previous: HistoryView | None = None) -> HistoryView:
+        """``held``: the previous view's :attr:`bounds` (a bound is let down slowly);
+        ``previous``: the previous view, whose bounds (of tasks and classes) are held."""
+        if previous is not None:
+            held = previous.bounds
         now = time.monotonic() if fetched_at is None else fetched_at
         features, estimates = {}, {}
         per_task: dict[str, list[float]] = {}
@@ -197,8 +259,19 @@ class HistoryView:
                           for task, rs in per_task.items()}
         tenant_features = {tenant: history_features((), 0, runtimes)
                            for tenant, runtimes in tenants.items()}
+        class_bounds, class_estimates = _class_estimates(
+            classes or {}, longest, previous.class_bounds if previous else {}, now)
         return cls(features, estimates, task_estimates, version, now, tenant_features,
-                   {task: (value, now) for task, value in longest.items()})
+                   {task: (value, now) for task, value in longest.items()},
+                   class_estimates, class_bounds)
+
+    def of_class(self, task: str, args: Any, kwargs: Any) -> Estimate | None:
+        """The cold-start estimate of a call from the runs of its task's calls of the same
+        magnitude (None: the class has too few runs, or does not tell its calls apart)."""
+        if task not in self.classed:
+            return None
+        magnitude = magnitude_class(args, kwargs)
+        return None if magnitude is None else self.class_estimates.get((task, magnitude))
 
     def of(self, tenant: str, task: str) -> History | None:
         """The history tuple of a task about to be published (None: nothing known)."""
@@ -216,19 +289,26 @@ class HistoryStore:
         self.client = store.client
         self.key = store.keys.any("history")
         self.version_key = store.keys.any("history", "version")
+        self.classes_key = store.keys.any("history", "classes")
         self.max_pairs = max_pairs
         self._script = self.client.register_script(_ADD_RUNS)
 
-    def add_runs(self, runs: Iterable[tuple[str, str, float]]) -> int:
-        """Add finished runs; returns how many were refused because the summary is full."""
+    def add_runs(self, runs: Iterable[tuple[str, str, float] | Run]) -> int:
+        """Add finished runs (``(tenant, task, runtime)``, or a :class:`Run` with its
+        magnitude class); returns how many were refused because the summary is full."""
         args: list[Any] = [HISTORY_DEPTH, self.max_pairs]
-        for tenant, task, runtime in runs:
+        for run in runs:
+            tenant, task, runtime = run[0], run[1], run[2]
             text = f"{runtime:.6g}"
-            args.extend((pair_field(tenant, task), text, pair_field(tenant, ANY_TASK), text))
+            args.extend((1, pair_field(tenant, task), text, 1, pair_field(tenant, ANY_TASK), text))
+            magnitude = run[3] if len(run) > 3 else None
+            if magnitude is not None:
+                args.extend((3, class_field(task, magnitude), text))
         if len(args) == 2:
             return 0
         try:
-            return int(self._script(keys=[self.key, self.version_key], args=args))
+            return int(self._script(keys=[self.key, self.version_key, self.classes_key],
+                                    args=args))
         except (redis.RedisError, OSError) as exc:
             raise StoreError(f"store unreachable: {exc}") from exc
 
@@ -256,6 +336,21 @@ class HistoryStore:
                 entries[(tenant, task)] = parsed
         return entries
 
+    def read_classes(self) -> dict[SizeClass, tuple[int, list[float]]]:
+        """The magnitude classes' entries (fields it cannot read are ignored)."""
+        try:
+            raw = self.client.hgetall(self.classes_key)
+        except (redis.RedisError, OSError) as exc:
+            raise StoreError(f"store unreachable: {exc}") from exc
+        entries = {}
+        for field, value in raw.items():
+            name = field.decode("utf-8", "replace") if isinstance(field, bytes) else str(field)
+            magnitude, sep, task = name.partition("|")
+            parsed = parse_entry(value)
+            if sep and parsed is not None and magnitude.isdigit():
+                entries[(task, int(magnitude))] = parsed
+        return entries
+
 
 class HistorySource:
     """``view.sources['aitp.history']``: a :class:`HistoryView`, re-read when it changed."""
@@ -280,7 +375,8 @@ class HistorySource:
         if version == previous.version:
             previous.fetched_at = now
             return previous
-        return HistoryView.from_entries(history.read(), version, now, previous.bounds)
+        return HistoryView.from_entries(history.read(), version, now,
+                                        classes=history.read_classes(), previous=previous)
 
 
 class HistorySink:
@@ -295,14 +391,15 @@ class HistorySink:
 
     def __init__(self, counters: Counters, capacity: int = SINK_CAPACITY) -> None:
         self.counters = counters
-        self._runs: deque[tuple[str, str, float]] = deque(maxlen=capacity)
+        self._runs: deque[Run] = deque(maxlen=capacity)
         self._lock = threading.Lock()
 
-    def add(self, tenant: str, task: str, runtime_s: float) -> None:
+    def add(self, tenant: str, task: str, runtime_s: float,
+            magnitude: int | None = None) -> None:
         with self._lock:
             if len(self._runs) == self._runs.maxlen:
                 self.counters.incr("history_dropped")
-            self._runs.append((tenant, task, runtime_s))
+            self._runs.append(Run(tenant, task, runtime_s, magnitude))
 
     def flush(self, store: RedisStore) -> None:
         with self._lock:

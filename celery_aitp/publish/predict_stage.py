@@ -8,6 +8,8 @@ Prediction sources, best first (``decision.prediction_source``):
 
 ``model``         the current LightGBM model (compiled, cached by feature key), unless
                   the task's live error drifted beyond the bound (``prediction_drift``)
+``size_history``  cold start: the runs of this task's calls whose largest argument is of
+                  the same magnitude, when they are reliably shorter than its longest
 ``history``       cold start: mean of the last two runs of this (tenant, task)
 ``task_history``  cold start: the same over all tenants of this task
 ``hint``          the task's declared ``runtime_hint_s`` (p90 = p50)
@@ -99,8 +101,11 @@ class PredictStage:
             decision.prediction_source = "model"
             return
         history = view.sources.get(HISTORY_SOURCE, EMPTY_HISTORY)
-        found = history.estimates.get((decision.tenant, request.task))
-        source = "history"
+        found = history.of_class(request.task, request.args, request.kwargs)
+        source = "size_history"
+        if found is None:
+            found = history.estimates.get((decision.tenant, request.task))
+            source = "history"
         if found is None:
             found = history.task_estimates.get(request.task)
             source = "task_history"

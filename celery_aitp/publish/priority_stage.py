@@ -265,7 +265,7 @@ class PriorityStage:
 
 
 #: Prediction sources whose sizes are the history's per-task bounds (cold start).
-HISTORY_SOURCES = frozenset({"history", "task_history"})
+HISTORY_SOURCES = frozenset({"size_history", "history", "task_history"})
 #: Suffix of the size histogram (and boundaries) of those sizes.
 HISTORY_FAMILY = "~history"
 

@@ -22,6 +22,7 @@ from celery_aitp.predict.features import (
     base_of,
     history_features,
     hour_and_weekday,
+    magnitude_class,
     value_of,
 )
 
@@ -167,3 +168,18 @@ def test_training_rows_equal_publish_vectors(args: list[Any], kwargs: dict[str, 
     vec = spec.vector("t", "a", tuple(args), kwargs, 17, 23, None, 0, 1_700_000_000.0,
                       (1.0, 2.0, 3))
     assert all(same(float(v), r) for v, r in zip(vec, row, strict=True)), (vec, row)
+
+
+def test_a_calls_magnitude_is_the_doubling_of_its_largest_argument():
+    assert magnitude_class([10], {}) == 4 and magnitude_class([50], {}) == 6
+    assert magnitude_class([500, 3], {"quality": 60}) == 9  # the largest value decides
+    assert magnitude_class([], {"rows": -1500}) == 11  # its size, whatever the sign
+    assert magnitude_class(["x" * 100], {}) == 7  # a string's length
+    assert magnitude_class([0.25], {}) == 0
+    assert magnitude_class([], {}) is None and magnitude_class([None, math.nan], {}) is None
+    assert magnitude_class([1e300], {}) == 40  # capped
+    assert magnitude_class("not a list", 7) is None
+    # the same for the arguments a worker sees again in its observation record
+    args, kwargs = [494, 2178], {"quality": 60}
+    assert magnitude_class(json.loads(json.dumps(args)),
+                           json.loads(json.dumps(kwargs))) == magnitude_class(args, kwargs)

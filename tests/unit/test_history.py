@@ -15,6 +15,7 @@ from celery_aitp.predict.history import (
     HistorySource,
     HistoryStore,
     HistoryView,
+    Run,
     estimate,
     held_bound,
     parse_entry,
@@ -152,3 +153,53 @@ def test_the_sink_keeps_runs_for_the_next_round_when_the_store_is_down(store):
     count, runtimes = HistoryStore(store).read()[("acme", "t")]
     assert count == 3 and runtimes == [4.0, 3.0, 2.0]
     assert not math.isnan(runtimes[0])
+
+
+def test_runs_are_kept_per_magnitude_class_of_their_task(store):
+    history = HistoryStore(store)
+    history.add_runs([Run("acme", "job", 0.03, 5), Run("globex", "job", 0.04, 5),
+                      Run("acme", "job", 1.2, 10), Run("acme", "job", 0.5)])
+    assert history.read_classes() == {("job", 5): (2, [0.04, 0.03]), ("job", 10): (1, [1.2])}
+    assert history.read()[("acme", "job")] == (3, [0.5, 1.2, 0.03])  # as before
+    store.client.hset(history.classes_key, "junk", "1;2")  # not written by a worker
+    store.client.hset(history.classes_key, "x|job", "1;2")
+    assert set(history.read_classes()) == {("job", 5), ("job", 10)}
+
+
+def test_a_magnitude_class_sizes_its_calls_only_when_reliably_shorter_than_the_task():
+    pairs = {("acme", "job"): (40, [1.5, 0.03, 0.02])}
+    classes = {("job", 6): (12, [0.03, 0.05, 0.02, 0.04, 0.03]),  # short calls
+               ("job", 10): (6, [1.5, 0.9, 1.2, 1.1, 0.7]),  # as long as the task's longest
+               ("job", 4): (4, [0.01] * 4)}  # too few runs yet
+    view = HistoryView.from_entries(pairs, classes=classes)
+    assert view.class_estimates == {("job", 6): (0.04, 0.05)}
+    assert view.of_class("job", [40], {}) == (0.04, 0.05)  # 40 is in class 6 (32-63)
+    assert view.of_class("job", [600], {}) is None  # class 10: the task's own bound applies
+    assert view.of_class("job", [10], {}) is None and view.of_class("job", [], {}) is None
+    assert view.of_class("other", [40], {}) is None
+    # the class's bound is held and let down slowly, like the task's
+    later = HistoryView.from_entries(pairs, fetched_at=view.fetched_at + 1, previous=view,
+                                     classes={("job", 6): (13, [0.01] * 5)})
+    assert later.class_estimates[("job", 6)][1] == pytest.approx(0.05, rel=0.01)
+
+
+def test_the_sink_keeps_a_runs_magnitude_class(store):
+    sink = HistorySink(Counters())
+    sink.add("acme", "job", 0.03, 5)
+    sink.add("acme", "job", 0.04)
+    sink.flush(store)
+    assert HistoryStore(store).read_classes() == {("job", 5): (1, [0.03])}
+
+
+def test_a_worker_records_the_magnitude_class_of_a_runs_arguments(store):
+    from celery_aitp.worker.observe import record_run
+
+    sink = HistorySink(Counters())
+    ledger = type("Ledger", (), {"add": lambda self, record: None})()
+    base = {"task": "job", "tenant": "acme", "outcome": "SUCCESS", "runtime_s": 0.03,
+            "args": [40], "kwargs": {}}
+    record_run(ledger, sink, base)
+    record_run(ledger, sink, {**base, "args": "[not a list]", "kwargs": None})
+    sink.flush(store)
+    assert HistoryStore(store).read_classes() == {("job", 6): (1, [0.03])}
+    assert HistoryStore(store).read()[("acme", "job")][0] == 2

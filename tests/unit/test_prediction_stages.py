@@ -14,7 +14,7 @@ from celery_aitp.core.view import View
 from celery_aitp.learn.train import TrainConfig, train
 from celery_aitp.predict.bundle import ModelBundle
 from celery_aitp.predict.compiled import GRID_STEPS, on_grid
-from celery_aitp.predict.history import HISTORY_SOURCE, HistoryStore
+from celery_aitp.predict.history import HISTORY_SOURCE, HistoryStore, Run
 from celery_aitp.predict.model_source import MODEL_SOURCE
 from celery_aitp.predict.model_store import ModelStore
 from tests.unit.conftest import make_live
@@ -72,6 +72,20 @@ def test_cold_start_uses_the_pair_then_the_task_history(synthetic_app, store, pu
     assert h["predicted_p90_s"] == 3.0
     h = publish(synthetic_app, published, "reports.build", rows=10)
     assert (h["predicted_runtime_s"], h["prediction_source"]) == (8.0, "task_history")
+
+
+def test_cold_start_tells_short_calls_of_a_task_from_long_ones(synthetic_app, store,
+                                                               published):
+    runs = [Run("acme", "media.resize", 0.04, 6)] * 5 + [Run("acme", "media.resize", 1.5, 11)]
+    HistoryStore(store).add_runs(runs)
+    refreshed(synthetic_app)
+    h = publish(synthetic_app, published, "media.resize", 40)  # of magnitude 6
+    assert (h["predicted_runtime_s"], h["predicted_p90_s"], h["prediction_source"]) == \
+        (0.04, 0.04, "size_history")
+    h = publish(synthetic_app, published, "media.resize", 1500)  # of magnitude 11
+    assert (h["predicted_p90_s"], h["prediction_source"]) == (1.5, "history")
+    h = publish(synthetic_app, published, "media.resize")  # no argument to size
+    assert h["prediction_source"] == "history"
 
 
 def test_the_model_predicts_once_promoted(synthetic_app, store, published, trained):
