@@ -46,6 +46,17 @@ def test_runs_are_recorded_a_model_is_promoted_and_picked_up(proj, start_worker)
         return view.sources["aitp.history"].estimates.get(("acme", proj.nap.name))
     wait_for(cold_prediction, 10, "the history summary")
 
+    # ... with the runs per magnitude of the argument: the shortest naps (0 ms, 9-15 ms)
+    # get their own size, below the task's longest
+    def short_naps_sized_apart():
+        mw.live.refresh()
+        history = mw.live.current().sources["aitp.history"]
+        found = [history.of_class(proj.nap.name, [ms], {}) for ms in (0, 9)]
+        return [estimate for estimate in found if estimate is not None]
+    sized = wait_for(short_naps_sized_apart, 10, "the magnitude classes")
+    task_bound = mw.live.current().sources["aitp.history"].bounds[proj.nap.name][0]
+    assert all(bound <= task_bound / 2 for _, bound in sized)
+
     result = CliRunner().invoke(aitp, ["train", "--min-records", "50"],
                                 obj=SimpleNamespace(app=proj.app), catch_exceptions=False)
     assert result.exit_code == 0, result.output
