@@ -230,13 +230,13 @@ class HistoryView:
     def from_entries(cls, entries: Mapping[Pair, tuple[int, list[float]]],
                      version: int | None = None,
                      fetched_at: float | None = None,
-                     held: Mapping[str, tuple[float, float]] | None = None,
-                     classes: Mapping[SizeClass, tuple[int, list[float]]] | None = None,
-                     previous: HistoryView | None = None) -> HistoryView:
-        """``held``: the previous view's :attr:`bounds` (a bound is let down slowly);
-        ``previous``: the previous view, whose bounds (of tasks and classes) are held."""
-        if previous is not None:
-            held = previous.bounds
+                     previous: HistoryView | None = None,
+                     classes: Mapping[SizeClass, tuple[int, list[float]]] | None = None
+                     ) -> HistoryView:
+        """``previous``: the view before, whose bounds (of tasks and of magnitude classes)
+        are held (a bound is let down slowly); ``classes``: the magnitude classes'
+        entries."""
+        held = previous.bounds if previous is not None else {}
         now = time.monotonic() if fetched_at is None else fetched_at
         features, estimates = {}, {}
         per_task: dict[str, list[float]] = {}
@@ -246,7 +246,6 @@ class HistoryView:
         for pair, (_, runtimes) in entries.items():
             if pair[1] != ANY_TASK:
                 longest[pair[1]] = max(longest.get(pair[1], 0.0), max(runtimes))
-        held = held or {}
         longest = {task: held_bound(value, held.get(task), now)
                    for task, value in longest.items()}
         for pair, (count, runtimes) in entries.items():
@@ -300,7 +299,9 @@ class HistoryStore:
         for run in runs:
             tenant, task, runtime = run[0], run[1], run[2]
             text = f"{runtime:.6g}"
-            args.extend((1, pair_field(tenant, task), text, 1, pair_field(tenant, ANY_TASK), text))
+            # (which of KEYS, field, runtime)
+            args.extend((1, pair_field(tenant, task), text,
+                         1, pair_field(tenant, ANY_TASK), text))
             magnitude = run[3] if len(run) > 3 else None
             if magnitude is not None:
                 args.extend((3, class_field(task, magnitude), text))

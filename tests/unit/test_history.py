@@ -79,11 +79,11 @@ def test_the_cold_bound_is_held_and_let_down_slowly():
     first = HistoryView.from_entries({("a", "t"): (20, [0.1, 3.0])}, fetched_at=0.0)
     assert first.estimates[("a", "t")][1] == 3.0
     later = HistoryView.from_entries({("a", "t"): (40, [0.1, 0.2])}, fetched_at=1.0,
-                                     held=first.bounds)
+                                     previous=first)
     assert later.estimates[("a", "t")][1] == pytest.approx(3.0, rel=0.01)
     much_later = HistoryView.from_entries({("a", "t"): (60, [0.1, 0.2])},
                                           fetched_at=1.0 + 2 * BOUND_HALF_LIFE_S,
-                                          held=later.bounds)
+                                          previous=later)
     assert much_later.estimates[("a", "t")][1] == pytest.approx(0.75, rel=0.01)
     assert held_bound(0.2, (3.0, 0.0), 100 * BOUND_HALF_LIFE_S) == 0.2  # back to the runs
     assert held_bound(5.0, (3.0, 0.0), 0.0) == 5.0  # a longer run raises it at once
