@@ -324,32 +324,30 @@ class HistoryStore:
             return None
 
     def read(self) -> dict[Pair, tuple[int, list[float]]]:
-        try:
-            raw = self.client.hgetall(self.key)
-        except (redis.RedisError, OSError) as exc:
-            raise StoreError(f"store unreachable: {exc}") from exc
-        entries = {}
-        for field, value in raw.items():
-            name = field.decode("utf-8", "replace") if isinstance(field, bytes) else str(field)
-            tenant, sep, task = name.partition("|")
-            parsed = parse_entry(value)
-            if sep and parsed is not None:
-                entries[(tenant, task)] = parsed
-        return entries
+        """The pairs' entries, by (tenant, task)."""
+        return {(tenant, task): entry for tenant, task, entry in self._entries(self.key)}
 
     def read_classes(self) -> dict[SizeClass, tuple[int, list[float]]]:
-        """The magnitude classes' entries (fields it cannot read are ignored)."""
+        """The magnitude classes' entries, by (task, class)."""
+        return {(task, int(magnitude)): entry
+                for magnitude, task, entry in self._entries(self.classes_key)
+                if magnitude.isdigit()}
+
+    def _entries(self, key: str) -> list[tuple[str, str, tuple[int, list[float]]]]:
+        """(before the first '|', after it, parsed value) of each field of hash ``key``
+        that has both (fields it cannot read are ignored: anyone who can write the store
+        can write them)."""
         try:
-            raw = self.client.hgetall(self.classes_key)
+            raw = self.client.hgetall(key)
         except (redis.RedisError, OSError) as exc:
             raise StoreError(f"store unreachable: {exc}") from exc
-        entries = {}
+        entries = []
         for field, value in raw.items():
             name = field.decode("utf-8", "replace") if isinstance(field, bytes) else str(field)
-            magnitude, sep, task = name.partition("|")
+            head, sep, rest = name.partition("|")
             parsed = parse_entry(value)
-            if sep and parsed is not None and magnitude.isdigit():
-                entries[(task, int(magnitude))] = parsed
+            if sep and parsed is not None:
+                entries.append((head, rest, parsed))
         return entries
 
 
