@@ -264,7 +264,8 @@ class PriorityStage:
         return max(impact, self._label_impact(raw, decision.notes, "labels_invalid"))
 
 
-#: Prediction sources whose sizes are the history's per-task bounds (cold start).
+#: Prediction sources whose sizes are the history's bounds, per task or per magnitude
+#: class of a task (cold start).
 HISTORY_SOURCES = frozenset({"size_history", "history", "task_history"})
 #: Suffix of the size histogram (and boundaries) of those sizes.
 HISTORY_FAMILY = "~history"
@@ -272,11 +273,12 @@ HISTORY_FAMILY = "~history"
 
 def size_family(decision: Decision) -> str:
     """Which histogram a task's size joins and is ranked in: its accelerator class's, or,
-    for a cold-start size (the history's bound for the whole task), that class's
-    ``~history`` one.
+    for a cold-start size (the history's bound for the whole task, or for its calls of
+    one magnitude), that class's ``~history`` one.
 
     The two kinds of size do not mix: a cold-start bound is the longest recent run of the
-    task, the same for all its calls, and a model's p90 is per call. Ranked among recent
+    task (or of a magnitude class), the same for all its calls, and a model's p90 is per
+    call. Ranked among recent
     cold-start bounds, a model's sizes right after a model is promoted (about a thousand
     tasks, the window) were all shorter than the bounds' mass and all took the top tier
     (placement benchmark, pareto: 445 of 473 tasks in ``hi``, no better than FIFO).
