@@ -122,7 +122,8 @@ def _cleanup(url: str, tag: str) -> None:
     from celery_aitp.store.redis_store import redis_url_for
 
     client = redis.Redis.from_url(redis_url_for(url))
-    patterns = [f"aitptest-{tag}*", "aitp.*", "_kombu.binding.aitp.*", "unacked*"]
+    patterns = [f"aitptest-{tag}*", "aitp.*", "_kombu.binding*.aitp.*", "unacked*",
+                f"_kombu.binding*.aitptest-{tag}*"]  # its default queue's bindings
     for pattern in patterns:
         keys = list(client.scan_iter(pattern, count=1000))
         if keys:
