@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Mapping
+from itertools import islice
 from typing import Any
 
 NAN = math.nan
@@ -172,7 +173,7 @@ def magnitude_class(args: Any, kwargs: Any) -> int | None:
     positional = args if type(args) is tuple or type(args) is list else ()
     named = kwargs if type(kwargs) is dict else {}
     try:
-        values = [*positional[:POSITIONAL], *list(named.values())[:MAGNITUDE_KWARGS]]
+        values = [*positional[:POSITIONAL], *islice(named.values(), MAGNITUDE_KWARGS)]
     except Exception:  # a container subclass with a broken accessor
         return None
     for value in values:

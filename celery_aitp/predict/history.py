@@ -178,11 +178,11 @@ def _class_estimates(classes: Mapping[SizeClass, tuple[int, list[float]]],
     task's (the calls of the class are reliably shorter than the task's longest)."""
     bounds: dict[SizeClass, tuple[float, float]] = {}
     estimates: dict[SizeClass, Estimate] = {}
-    for size_class, (count, runtimes) in classes.items():
+    for size_class, (_, runtimes) in classes.items():
         bound = held_bound(max(runtimes), held.get(size_class), now)
         bounds[size_class] = (bound, now)
         task_bound = task_bounds.get(size_class[0])
-        if (count >= MIN_CLASS_RUNS and len(runtimes) >= MIN_CLASS_RUNS
+        if (len(runtimes) >= MIN_CLASS_RUNS  # recent runs kept (never more than seen)
                 and task_bound is not None and bound <= CLASS_BOUND_SHARE * task_bound):
             estimates[size_class] = (estimate(runtimes)[0], bound)
     return bounds, estimates

@@ -106,6 +106,9 @@ def test_cold_start_sizes_have_their_own_histogram_and_boundaries():
                          source="history")
     assert cold.tier == "lo"  # no cold-start boundaries yet
     assert [c.item[0] for c in stage.charges_of(cold)][1:] == ["cpu~history"]
+    by_magnitude, stage = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=CLASSES),
+                                 source="size_history")  # a magnitude class's bound
+    assert [c.item[0] for c in stage.charges_of(by_magnitude)][1:] == ["cpu~history"]
     both = SizeClasses({"cpu": CLASSES.cuts["cpu"],
                         "cpu~history": (size_bin(0.01), size_bin(0.05))})
     cold, _ = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=both),
