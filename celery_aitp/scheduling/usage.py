@@ -6,7 +6,10 @@ One store hash ``usage`` (under the prefix) holds decaying sums (see
 * ``p:<tenant>`` predicted runtime published (producers, from each decision's p50, or
   ``fair_share.default_cost_s`` without a prediction) and ``n:<tenant>`` tasks published;
 * ``o:<tenant>`` observed runtime and ``r:<tenant>`` runs (workers, after each run);
-* ``t:<tier>`` decisions per tier (for the priority-distribution entropy).
+* ``t:<tier>`` decisions per tier (for the priority-distribution entropy);
+* ``s:<accelerator>.<tier>`` observed runtime and ``k:<accelerator>.<tier>`` runs per
+  tier (workers): the mean run of a tier, which the weighted tier order charges each
+  read by (``worker/tier_cycle.py``).
 
 Producers add in batches from the background refresher, never per publish; the same
 round trip reads the hash back. A tenant's usage is ``max(predicted, observed)``: the
@@ -18,6 +21,7 @@ usage), tenant ``i`` is above its share when ``usage_i / sum(usage) > w_i / sum(
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_aitp.fairness import served_fairness, tier_entropy
-from celery_aitp.policy import Policy
+from celery_aitp.policy import TIER_WEIGHT_RATIO, Policy
 from celery_aitp.store.decayed import DecayedSums, decayed_values, decode_hash
 from celery_aitp.store.redis_store import RedisStore, translated_errors
 
@@ -33,6 +37,13 @@ from celery_aitp.store.redis_store import RedisStore, translated_errors
 USAGE_SOURCE = "usage"
 #: Publishes kept for the next batch while the store is unreachable (oldest dropped).
 PENDING_LIMIT = 100_000
+#: The largest charge of a read in the weighted tier order (a tier's mean run over the
+#: shortest tier's): the ratio between neighbouring tiers' weights, so a backlogged tier
+#: is never read less often than the tier below it would be uncharged. It bounds how long
+#: its tasks wait in reads (``worker/tier_cycle.py``); on the placement benchmark's pareto
+#: mix (lowest tier about 25x the top's) a cap of 1,000 let its longest wait reach 2.64x
+#: FIFO's, 8 gave 2.09x, with a lower mean slowdown too.
+MAX_CHARGE = float(TIER_WEIGHT_RATIO)
 
 
 def is_demoted(sources: Mapping[str, Any], tenant: str) -> bool:
@@ -40,6 +51,19 @@ def is_demoted(sources: Mapping[str, Any], tenant: str) -> bool:
     snapshot); False before the first snapshot."""
     usage = sources.get(USAGE_SOURCE)
     return usage is not None and tenant in usage.demoted
+
+
+def tier_charges(tier_runtime: Mapping[str, float]) -> dict[str, float]:
+    """The charge of one read of each measured ``<accelerator>.<tier>``: its mean run
+    over the shortest tier mean of its accelerator class, in ``[1, MAX_CHARGE]``
+    (``worker/tier_cycle.py``)."""
+    shortest: dict[str, float] = {}
+    for key, mean in tier_runtime.items():
+        accelerator = key.rpartition(".")[0]
+        if 0 < mean < shortest.get(accelerator, math.inf):
+            shortest[accelerator] = mean
+    return {key: min(MAX_CHARGE, mean / shortest[key.rpartition(".")[0]])
+            for key, mean in tier_runtime.items() if mean > 0}
 
 
 def usage_key(store: RedisStore) -> str:
@@ -86,6 +110,8 @@ class UsageSnapshot:
     observed: Mapping[str, float] = field(default_factory=dict)
     runs: Mapping[str, float] = field(default_factory=dict)
     tiers: Mapping[str, float] = field(default_factory=dict)
+    #: mean observed run (seconds) per ``<accelerator>.<tier>``
+    tier_runtime: Mapping[str, float] = field(default_factory=dict)
     usage: Mapping[str, float] = field(default_factory=dict)
     fair: Mapping[str, float] = field(default_factory=dict)
     demoted: frozenset[str] = frozenset()
@@ -94,7 +120,7 @@ class UsageSnapshot:
 
     @classmethod
     def from_values(cls, values: Mapping[str, float], at: float, policy: Policy) -> UsageSnapshot:
-        groups: dict[str, dict[str, float]] = {k: {} for k in "pnort"}
+        groups: dict[str, dict[str, float]] = {k: {} for k in "pnortsk"}
         for name, value in values.items():
             kind, _, key = name.partition(":")
             if kind in groups and key:
@@ -112,6 +138,8 @@ class UsageSnapshot:
         return cls(
             at=at, predicted=predicted, published=groups["n"], observed=observed,
             runs=groups["r"], tiers=groups["t"], usage=usage, fair=fair, demoted=demoted,
+            tier_runtime={key: seconds / groups["k"][key] for key, seconds in groups["s"].items()
+                          if groups["k"].get(key, 0.0) > 0 and seconds >= 0},
             jain=_served_jain(observed, groups["r"], groups["n"], predicted, weights),
             entropy=tier_entropy(groups["t"], policy.tier_names),
         )
@@ -121,7 +149,8 @@ class UsageSnapshot:
         return {
             "at": self.at, "usage_s": dict(self.usage), "predicted_s": dict(self.predicted),
             "observed_s": dict(self.observed), "published": dict(self.published),
-            "runs": dict(self.runs), "tiers": dict(self.tiers), "fair_share": dict(self.fair),
+            "runs": dict(self.runs), "tiers": dict(self.tiers),
+            "tier_runtime_s": dict(self.tier_runtime), "fair_share": dict(self.fair),
             "demoted": sorted(self.demoted), "jain": self.jain, "entropy": self.entropy,
         }
 

@@ -50,6 +50,9 @@ class RunLedger:
         self._usage: dict[str, float] = {}
         self.waits = WaitSink(policy)  # what the feedback pass judges SLAs by
         self.tenants = TenantNames(policy)  # listed, or unlisted when the policy takes them
+        #: the tiers whose mean run is kept (``s:``/``k:`` usage fields; a bounded set)
+        self.tier_keys = frozenset(f"{accelerator}.{tier}" for accelerator in policy.accelerators
+                                   for tier in policy.tier_names)
 
     def add(self, record: Mapping[str, Any]) -> None:
         """Take one observation record (never raises on odd input)."""
@@ -69,8 +72,13 @@ class RunLedger:
                     return
                 batch = self._profiles[task] = {}
             fold(batch, fields)
-            if isinstance(tenant, str) and tenant in self.tenants and runtime is not None:
+            if runtime is None:
+                return
+            if isinstance(tenant, str) and tenant in self.tenants:
                 fold(self._usage, {f"o:{tenant}": runtime, f"r:{tenant}": 1.0})
+            tier = f"{record.get('accelerator')}.{record.get('tier')}"
+            if tier in self.tier_keys:
+                fold(self._usage, {f"s:{tier}": runtime, f"k:{tier}": 1.0})
 
     def take(self) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
         with self._lock:

@@ -104,6 +104,22 @@ def test_observed_runtime_from_workers_counts_as_usage(store):
     assert snap.usage == {"a": 50.0}
 
 
+def test_workers_measure_each_tiers_mean_run_for_the_read_charges(store):
+    ledger = RunLedger(POLICY, Counters(), clock=lambda: 1000.0)
+    for runtime in (1.0, 3.0):
+        ledger.add({"task": "t", "tenant": "a", "runtime_s": runtime, "accelerator": "cpu",
+                    "tier": "hi"})
+    ledger.add({"task": "t", "tenant": "nobody", "runtime_s": 40.0, "accelerator": "cpu",
+                "tier": "lo"})  # any tenant's run tells the tier's size
+    for odd in ({"accelerator": "cpu", "tier": "gold"}, {"accelerator": "tpu", "tier": "hi"},
+                {"tier": "hi"}, {"accelerator": "cpu", "tier": "hi", "runtime_s": -1.0}):
+        ledger.add({"task": "t", "tenant": "a", "runtime_s": 5.0, **odd})  # not kept
+    ledger.flush(store)
+    snap = read_usage(store, POLICY, 1000.0)
+    assert snap.tier_runtime == {"cpu.hi": 2.0, "cpu.lo": 40.0}
+    assert snap.as_dict()["tier_runtime_s"] == {"cpu.hi": 2.0, "cpu.lo": 40.0}
+
+
 def test_a_failed_batch_is_sent_with_the_next_round(store):
     dead = RedisStore(connect("redis://127.0.0.1:1/0", 0.05), Keys("dead"))
     source = UsageSource(POLICY, clock=lambda: 1000.0)
