@@ -68,7 +68,7 @@ class Tier(_Model):
     sla_s: float = Field(gt=0, description="Target queue wait in seconds for this tier.")
     weight: float | None = Field(
         default=None, gt=0, le=1e6,
-        description="Share of worker reads (weighted tier order); None: 8 ** (tiers below).",
+        description="Share of worker time (weighted tier order); None: 8 ** (tiers below).",
     )
     min_score: float | None = Field(
         default=None, ge=0, le=1,

@@ -8,19 +8,29 @@ queue was served (``rotate``). :class:`WeightedTierCycle` is such a strategy
 * every queue ``q`` has a weight ``w_q`` (its tier's read weight times its tenant's
   fair-share weight, see :func:`queue_weights`) and a *pass* value;
 * queues are offered in increasing pass (ties: heavier first), and the served queue's
-  pass grows by ``1 / w_q``;
+  pass grows by its step ``c_q / w_q``, where ``c_q`` is the read's *charge*, below;
 * a queue that was offered before the served one was empty at that moment, so its pass
-  is raised to one of its own steps (``1 / w_q``) past the served queue's: a queue cannot
+  is raised to one of its own steps past the served queue's: a queue cannot
   save up credit while idle and then burst, and a message arriving in a queue that was
   empty takes its turn behind a backlogged heavier queue instead of going first (raised
   only to the served queue's pass, an idle light queue would stay just ahead of the
   heavy one it trails, and every message arriving in it would be read next: on a worker
   whose top tier is backlogged, each new long task would jump the queue).
 
-While every queue has work, queue ``q`` gets ``w_q / sum(w)`` of the reads; an empty
-higher tier costs nothing (the read goes to the next queue). A backlogged queue's pass
-stands still while the others' grow, so its rank rises with every read it waits: the
-effective priority of its oldest message rises with waiting time.
+**Charges: weights share the worker's time, not its reads.** Tiers are size classes
+(``scheduling/size_classes.py``), so one read of a lower tier starts a longer run. A read
+of a queue of tier ``t`` and accelerator class ``a`` is charged ``c_q`` = the fleet's
+mean observed run of ``(a, t)`` over the shortest such mean of ``a``'s tiers (workers
+add every run to the ``usage`` hash, ``scheduling/usage.py``; :func:`follow_usage`
+reads it from the live view); between 1 and ``usage.MAX_CHARGE``, and 1 for any other
+queue and until a tier's runs are measured. Charged by reads alone, a backlogged lowest
+tier with ``1/73`` of the reads took about half the worker's time on the LANL trace (its
+jobs run about 10x the top tier's on average), and the short jobs waited behind it.
+
+While every queue has work, queue ``q`` gets ``(w_q / c_q) / sum(w / c)`` of the reads;
+an empty higher tier costs nothing (the read goes to the next queue). A backlogged
+queue's pass stands still while the others' grow, so its rank rises with every read it
+waits: the effective priority of its oldest message rises with waiting time.
 
 Fair share on the worker side: while a tenant is above its fair share (the ``usage``
 source of the worker's live view, see :func:`follow_usage`), its queue of the lowest
@@ -43,7 +53,8 @@ A worker may keep processes for its higher tiers (:mod:`celery_aitp.worker.reser
 while its reserve holds, a read leaves the lowest tier's queues out.
 
 **Bound.** Between two reads of a backlogged queue ``q`` (among ``m`` queues of total
-weight ``W``) there are at most ``G_q = ceil(W / w_q) + 2m`` reads of other queues; a
+weight ``W``, charged ``c_q``; every charge is at least 1) there are at most
+``G_q = ceil(c_q * W / w_q) + 2m`` reads of other queues; a
 message with ``k`` messages ahead of it in its queue is read within ``(k + 1) * (G_q +
 1)`` reads. With ``c`` pool processes and runs of at most ``R`` seconds, reads happen
 at least ``c`` per ``R`` while the worker is saturated, so it waits at most
@@ -54,13 +65,13 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from celery_aitp.policy import TIER_WEIGHT_RATIO, Policy
 from celery_aitp.priority_policy import TierOrder
 from celery_aitp.queues import lane_class, parse_tier_queue
-from celery_aitp.scheduling.usage import USAGE_SOURCE
+from celery_aitp.scheduling.usage import USAGE_SOURCE, tier_charges
 from celery_aitp.worker.reserve import Reserve
 
 #: The strategy's dotted name, as ``queue_order_strategy`` takes it.
@@ -74,6 +85,13 @@ _demoted_weights: dict[str, float] = {}
 _tenant_of: dict[str, str] = {}
 _demoted: frozenset[str] = frozenset()
 _default_weight = 1.0
+#: queue -> (accelerator class, tier position): what a queue's charge is looked up by
+_positions: dict[str, tuple[str, int]] = {}
+_tier_names: tuple[str, ...] = ()
+#: queue -> charge of one read (absent: 1), from the usage snapshot last followed; a new
+#: dict replaces it whole, so a read never sees it half updated
+_charges: dict[str, float] = {}
+_usage_followed: object = None
 #: The worker's reserve for its higher tiers (worker/reserve.py), if it keeps one.
 _reserve: Reserve | None = None
 
@@ -90,12 +108,16 @@ class WeightPlan:
         self.weights: dict[str, float] = {}
         self.demoted: dict[str, float] = {}
         self.tenants: dict[str, str] = {}
+        #: queue -> (accelerator class, tier position, 0 the highest): its charge's key
+        self.positions: dict[str, tuple[str, int]] = {}
+        self.tier_names: tuple[str, ...] = tuple(names)
         self.default = min(tiers.values())
         for queue in queues:
             parsed = parse_tier_queue(queue)
             if parsed is None or parsed[2] not in tiers:
                 continue
-            tenant, _, tier = parsed
+            tenant, accelerator, tier = parsed
+            self.positions[queue] = (accelerator, names.index(tier))
             lane = lane_class(tenant)
             if lane is not None and lane in policy.tenant_classes:
                 # a class's over-share lane: its tier's weight one tier down, always
@@ -134,15 +156,21 @@ def strategy_for(policy: Policy, queues: Iterable[str]) -> tuple[str, bool]:
 
 def configure(plan: WeightPlan | Mapping[str, float], default: float = 1.0) -> None:
     """Set the weights every :class:`WeightedTierCycle` of this process uses (bootstep)."""
-    global _default_weight, _demoted
+    global _default_weight, _demoted, _usage_followed, _tier_names, _charges
     with _lock:
         _weights.clear()
         _demoted_weights.clear()
         _tenant_of.clear()
+        _positions.clear()
+        _charges = {}
+        _usage_followed = None
+        _tier_names = ()
         if isinstance(plan, WeightPlan):
             _weights.update(plan.weights)
             _demoted_weights.update(plan.demoted)
             _tenant_of.update(plan.tenants)
+            _positions.update(plan.positions)
+            _tier_names = plan.tier_names
             _default_weight = plan.default
         else:
             _weights.update(plan)
@@ -164,11 +192,38 @@ def set_demoted(tenants: frozenset[str]) -> None:
 
 
 def follow_usage(view: Any) -> None:
-    """A live-view listener: keep :func:`set_demoted` in step with the ``usage`` source."""
+    """A live-view listener: keep :func:`set_demoted` and the reads' charges in step with
+    the ``usage`` source."""
+    global _usage_followed, _charges
     usage = view.sources.get(USAGE_SOURCE)
     demoted = getattr(usage, "demoted", None)
     if isinstance(demoted, frozenset) and demoted != _demoted:
         set_demoted(demoted)
+    tier_runtime = getattr(usage, "tier_runtime", None)
+    if usage is _usage_followed or not isinstance(tier_runtime, Mapping):
+        return
+    with _lock:
+        _charges = charges_for(tier_runtime, _positions, _tier_names)
+        _usage_followed = usage
+
+
+def charges_for(tier_runtime: Mapping[str, float],
+                positions: Mapping[str, tuple[str, int]], tiers: Sequence[str]
+                ) -> dict[str, float]:
+    """Each positioned queue's charge: its tier's (:func:`tier_charges`); queues of a tier
+    not measured yet are left out (charged 1)."""
+    charges = tier_charges(tier_runtime)
+    return {queue: charges[key] for queue, (accelerator, position) in positions.items()
+            if (key := f"{accelerator}.{tiers[position]}") in charges}
+
+
+def charge_of(queue: str) -> float:
+    return _charges.get(queue, 1.0)
+
+
+def step_of(queue: str) -> float:
+    """How far one read moves ``queue``'s pass: its charge over its weight."""
+    return _charges.get(queue, 1.0) / weight_of(queue)
 
 
 def weight_of(queue: str) -> float:
@@ -178,10 +233,11 @@ def weight_of(queue: str) -> float:
 
 
 def longest_wait_s(weights: Mapping[str, float], queue: str, ahead: int, processes: int,
-                   max_runtime_s: float) -> float:
-    """The documented bound on a message's wait in ``queue`` (module docstring)."""
+                   max_runtime_s: float, charge: float = 1.0) -> float:
+    """The documented bound on a message's wait in ``queue`` (module docstring), whose
+    reads are charged ``charge``."""
     total = sum(weights.values())
-    gap = math.ceil(total / weights[queue]) + 2 * len(weights)
+    gap = math.ceil(charge * total / weights[queue]) + 2 * len(weights)
     reads = (ahead + 1) * (gap + 1)
     return (math.ceil(reads / max(1, processes)) + 1) * max_runtime_s
 
@@ -229,10 +285,10 @@ class WeightedTierCycle:
         for queue in self._offered:
             if queue == last_used:
                 break
-            behind = base + 1.0 / weight_of(queue)
+            behind = base + step_of(queue)
             if passes.get(queue, base) < behind:
                 passes[queue] = behind
-        passes[last_used] = base + 1.0 / weight_of(last_used)
+        passes[last_used] = base + step_of(last_used)
         low = min(passes.values())
         if low > _RENORMALISE_AT:
             for queue in passes:

@@ -10,6 +10,7 @@ import pytest
 from kombu.utils.scheduling import cycle_by_name
 
 from celery_aitp.policy import parse_policy
+from celery_aitp.scheduling.usage import MAX_CHARGE
 from celery_aitp.worker import tier_cycle
 from celery_aitp.worker.tier_cycle import (
     STRATEGY,
@@ -143,3 +144,59 @@ def test_a_demoted_tenants_lowest_tier_is_read_behind_the_others_until_it_is_bac
 def test_longest_wait_formula():
     # lo: W / w = 73, m = 3 -> gap 79; one message ahead -> 2 * 80 reads; 2 processes, 1 s
     assert longest_wait_s(WEIGHTS, "aitp.a.cpu.lo", 1, 2, 1.0) == (math.ceil(160 / 2) + 1) * 1.0
+
+
+def _follow(tier_runtime, demoted=frozenset()):
+    usage = type("U", (), {"demoted": demoted, "tier_runtime": tier_runtime})()
+    tier_cycle.follow_usage(type("V", (), {"sources": {"usage": usage}})())
+
+
+def test_reads_are_charged_by_their_tiers_mean_run_so_weights_share_time():
+    policy = parse_policy({})
+    tier_cycle.configure(tier_cycle.WeightPlan(policy, Q + ["celery"]))
+    _follow({"cpu.hi": 0.5, "cpu.mid": 2.0, "cpu.lo": 3.0, "gpu.lo": 9.0})
+    assert [tier_cycle.charge_of(q) for q in Q] == [1.0, 4.0, 6.0]
+    assert tier_cycle.charge_of("celery") == 1.0  # fallbacks: any size
+    cycle = WeightedTierCycle(Q)
+    queues = {q: deque(range(200_000)) for q in Q}
+    served = Counter(brpop(cycle, queues) for _ in range(119_100))
+    # shares of the reads are w / c (64 : 2 : 1/6), of the time reads x mean run (64 : 8 : 1)
+    assert served["aitp.a.cpu.lo"] == pytest.approx(300, abs=2)
+    time_of = {q: served[q] * m for q, m in zip(Q, (0.5, 2.0, 3.0), strict=True)}
+    assert time_of["aitp.a.cpu.hi"] / time_of["aitp.a.cpu.lo"] == pytest.approx(64, rel=0.02)
+    assert time_of["aitp.a.cpu.hi"] / time_of["aitp.a.cpu.mid"] == pytest.approx(8, rel=0.02)
+
+
+def test_charges_stay_within_bounds_and_unmeasured_tiers_are_read_as_before():
+    policy = parse_policy({})
+    tier_cycle.configure(tier_cycle.WeightPlan(policy, Q))
+    _follow({"cpu.hi": 1e-6, "cpu.lo": 1e6})  # mid not measured yet
+    assert tier_cycle.charge_of("aitp.a.cpu.lo") == MAX_CHARGE
+    assert tier_cycle.charge_of("aitp.a.cpu.mid") == 1.0
+    _follow({})  # a fresh usage hash: nothing measured
+    assert [tier_cycle.charge_of(q) for q in Q] == [1.0, 1.0, 1.0]
+
+
+def test_the_documented_gap_bound_holds_with_charges():
+    policy = parse_policy({})
+    tier_cycle.configure(tier_cycle.WeightPlan(policy, Q))
+    _follow({"cpu.hi": 1.0, "cpu.mid": 3.0, "cpu.lo": 8.0})
+    rng = random.Random(4)
+    cycle = WeightedTierCycle(Q)
+    queues = {q: deque() for q in Q}
+    weights = tier_cycle.WeightPlan(policy, Q).weights
+    charge = tier_cycle.charge_of("aitp.a.cpu.lo")
+    gap_bound = math.ceil(charge * sum(weights.values()) / weights["aitp.a.cpu.lo"]) + 2 * len(Q)
+    since_lo, longest = 0, 0
+    for _ in range(50_000):
+        for q, rate in zip(Q, (0.95, 0.3, 0.02), strict=True):
+            if rng.random() < rate:
+                queues[q].append(1)
+        lo_waiting = bool(queues["aitp.a.cpu.lo"])
+        served = brpop(cycle, queues)
+        since_lo = 0 if served == "aitp.a.cpu.lo" or not lo_waiting else since_lo + 1
+        longest = max(longest, since_lo)
+        assert since_lo <= gap_bound
+    assert longest > gap_bound / 2  # the bound is near what happens, not vacuous
+    assert longest_wait_s(weights, "aitp.a.cpu.lo", 0, 1, 1.0, charge) == \
+        (gap_bound + 1 + 1) * 1.0
