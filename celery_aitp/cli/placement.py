@@ -1,5 +1,6 @@
-"""``celery aitp placement``: the tier boundaries, the boosts in force and their changes,
-and which tier queues spill to standard workers now."""
+"""``celery aitp placement``: the tier boundaries, what a read of each tier is charged,
+the boosts in force and their changes, and which tier queues spill to standard workers
+now."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from celery_aitp.scheduling.feedback import boost_history, read_boosts
 from celery_aitp.scheduling.size_classes import SizeClasses, best_cuts
 from celery_aitp.scheduling.size_source import read_sizes
 from celery_aitp.scheduling.spill import read_capacity
+from celery_aitp.scheduling.usage import read_usage, tier_charges
 
 
 @click.command("placement")
@@ -31,6 +33,7 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
         boosts = read_boosts(mw.store, policy).by_tenant
         history = boost_history(mw.store, limit)
         capacity = read_capacity(mw.store, policy.spill) if policy.spill.enabled else None
+        tier_runtime = read_usage(mw.store, policy).tier_runtime
     except AitpError as exc:
         fail(str(exc))
     tiers = policy.tier_names
@@ -43,8 +46,13 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
             "recent_sizes": round(recent, 1),
             "bounds_s": None if cuts is None else
             list(SizeClasses({accelerator: cuts}).bounds[accelerator])}
+    charges = tier_charges(tier_runtime)
+    reads = [(key, round(mean, 3), round(charges[key], 2))
+             for key, mean in sorted(tier_runtime.items()) if key in charges]
     if as_json:
         emit_json({"tiers": list(tiers), "classes": classes, "boosts": boosts,
+                   "read_charges": {key: {"mean_run_s": mean, "charge": charge}
+                                    for key, mean, charge in reads},
                    "history": history,
                    "spill": capacity.as_dict() if capacity is not None else None})
         return
@@ -56,6 +64,10 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
         rows.append((accelerator, found["recent_sizes"], text))
     table("size classes (effective size: predicted p90 over urgency and boost)",
           ["accelerator", "recent sizes", "tiers"], rows)
+    if reads:  # worker/tier_cycle.py: weights share the worker's time, not its reads
+        table("read charges (weighted tier order)", ["tier", "mean run s", "charge"], reads)
+    else:
+        console.print("read charges: no run measured yet (every read counts 1)")
     if boosts:
         table("boosts in force", ["tenant", "boost"], sorted(boosts.items()))
     else:

@@ -128,6 +128,13 @@ def test_the_placement_command_shows_boundaries_boosts_and_changes(store):
     sizes.pending.extend([("cpu", 0.02)] * 80 + [("cpu", 1.0)] * 20)
     sizes.fetch(store, SizeClasses())
     store.client.hset(boosts_key(store), "acme", "4")
+    empty = CliRunner().invoke(aitp, ["placement"], obj=type("Ctx", (), {"app": app})())
+    assert "no run measured yet" in empty.output
+    ledger = RunLedger(app.aitp.policy, Counters())
+    for tier, runtime in (("hi", 0.02), ("lo", 0.1)):
+        ledger.add({"task": "t", "tenant": "acme", "runtime_s": runtime,
+                    "accelerator": "cpu", "tier": tier})
+    ledger.flush(store)
     result = CliRunner().invoke(aitp, ["placement", "--json"],
                                 obj=type("Ctx", (), {"app": app})())
     assert result.exit_code == 0, result.output
@@ -135,5 +142,8 @@ def test_the_placement_command_shows_boundaries_boosts_and_changes(store):
     low, high = data["classes"]["cpu"]["bounds_s"]
     assert 0.02 < low <= high and low < 1.0  # the short mode apart from the long one
     assert data["boosts"] == {"acme": 4.0} and data["tiers"] == ["hi", "mid", "lo"]
+    assert data["read_charges"] == {"cpu.hi": {"mean_run_s": 0.02, "charge": 1.0},
+                                    "cpu.lo": {"mean_run_s": 0.1, "charge": 5.0}}
     text = CliRunner().invoke(aitp, ["placement"], obj=type("Ctx", (), {"app": app})())
     assert text.exit_code == 0 and "acme" in text.output and "hi <" in text.output
+    assert "read charges" in text.output and "cpu.lo" in text.output
