@@ -42,7 +42,7 @@ PENDING_LIMIT = 100_000
 #: is never read less often than the tier below it would be uncharged. It bounds how long
 #: its tasks wait in reads (``worker/tier_cycle.py``); on the placement benchmark's pareto
 #: mix (lowest tier about 25x the top's) a cap of 1,000 let its longest wait reach 2.64x
-#: FIFO's, 8 gave 2.09x, with a lower mean slowdown too.
+#: FIFO's, 8 about 2.1x, with a lower mean slowdown too.
 MAX_CHARGE = float(TIER_WEIGHT_RATIO)
 
 

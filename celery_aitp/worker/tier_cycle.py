@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery_aitp.policy import TIER_WEIGHT_RATIO, Policy
@@ -85,9 +85,8 @@ _demoted_weights: dict[str, float] = {}
 _tenant_of: dict[str, str] = {}
 _demoted: frozenset[str] = frozenset()
 _default_weight = 1.0
-#: queue -> (accelerator class, tier position): what a queue's charge is looked up by
-_positions: dict[str, tuple[str, int]] = {}
-_tier_names: tuple[str, ...] = ()
+#: queue -> ``<accelerator>.<tier>``: what a queue's charge is looked up by
+_charge_keys: dict[str, str] = {}
 #: queue -> charge of one read (absent: 1), from the usage snapshot last followed; a new
 #: dict replaces it whole, so a read never sees it half updated
 _charges: dict[str, float] = {}
@@ -108,16 +107,15 @@ class WeightPlan:
         self.weights: dict[str, float] = {}
         self.demoted: dict[str, float] = {}
         self.tenants: dict[str, str] = {}
-        #: queue -> (accelerator class, tier position, 0 the highest): its charge's key
-        self.positions: dict[str, tuple[str, int]] = {}
-        self.tier_names: tuple[str, ...] = tuple(names)
+        #: queue -> ``<accelerator>.<tier>``: the key of its charge (tier_charges)
+        self.charge_keys: dict[str, str] = {}
         self.default = min(tiers.values())
         for queue in queues:
             parsed = parse_tier_queue(queue)
             if parsed is None or parsed[2] not in tiers:
                 continue
             tenant, accelerator, tier = parsed
-            self.positions[queue] = (accelerator, names.index(tier))
+            self.charge_keys[queue] = f"{accelerator}.{tier}"
             lane = lane_class(tenant)
             if lane is not None and lane in policy.tenant_classes:
                 # a class's over-share lane: its tier's weight one tier down, always
@@ -156,21 +154,19 @@ def strategy_for(policy: Policy, queues: Iterable[str]) -> tuple[str, bool]:
 
 def configure(plan: WeightPlan | Mapping[str, float], default: float = 1.0) -> None:
     """Set the weights every :class:`WeightedTierCycle` of this process uses (bootstep)."""
-    global _default_weight, _demoted, _usage_followed, _tier_names, _charges
+    global _default_weight, _demoted, _usage_followed, _charges
     with _lock:
         _weights.clear()
         _demoted_weights.clear()
         _tenant_of.clear()
-        _positions.clear()
+        _charge_keys.clear()
         _charges = {}
         _usage_followed = None
-        _tier_names = ()
         if isinstance(plan, WeightPlan):
             _weights.update(plan.weights)
             _demoted_weights.update(plan.demoted)
             _tenant_of.update(plan.tenants)
-            _positions.update(plan.positions)
-            _tier_names = plan.tier_names
+            _charge_keys.update(plan.charge_keys)
             _default_weight = plan.default
         else:
             _weights.update(plan)
@@ -203,18 +199,10 @@ def follow_usage(view: Any) -> None:
     if usage is _usage_followed or not isinstance(tier_runtime, Mapping):
         return
     with _lock:
-        _charges = charges_for(tier_runtime, _positions, _tier_names)
+        charges = tier_charges(tier_runtime)
+        _charges = {queue: charges[key] for queue, key in _charge_keys.items()
+                    if key in charges}
         _usage_followed = usage
-
-
-def charges_for(tier_runtime: Mapping[str, float],
-                positions: Mapping[str, tuple[str, int]], tiers: Sequence[str]
-                ) -> dict[str, float]:
-    """Each positioned queue's charge: its tier's (:func:`tier_charges`); queues of a tier
-    not measured yet are left out (charged 1)."""
-    charges = tier_charges(tier_runtime)
-    return {queue: charges[key] for queue, (accelerator, position) in positions.items()
-            if (key := f"{accelerator}.{tiers[position]}") in charges}
 
 
 def charge_of(queue: str) -> float:
