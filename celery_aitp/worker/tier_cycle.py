@@ -211,7 +211,7 @@ def charge_of(queue: str) -> float:
 
 def step_of(queue: str) -> float:
     """How far one read moves ``queue``'s pass: its charge over its weight."""
-    return _charges.get(queue, 1.0) / weight_of(queue)
+    return charge_of(queue) / weight_of(queue)
 
 
 def weight_of(queue: str) -> float:
