@@ -113,6 +113,12 @@ class PlacementSettings(_Section):
         default=10.0, ge=1, le=1e6,
         description="How much shorter a task of the highest urgency (tenant, SLA, impact, "
                     "resources, age) counts than one of the lowest.")
+    size_quantile: float = Field(
+        default=0.5, ge=0.5, le=0.9,
+        description="Quantile of a model's predicted runtime a task is ranked by (the "
+                    "median, or up to the p90: between them, on the log-normal through "
+                    "both). The median gives the lowest expected mean slowdown; a higher "
+                    "one ranks a task with an uncertain prediction as a longer one.")
     min_samples: float = Field(
         default=20.0, ge=1,
         description="Recent sizes an accelerator class needs before its boundaries are "

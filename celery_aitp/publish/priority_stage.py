@@ -2,19 +2,24 @@
 
     urgency   = sum(weight_f * factor_f) / sum(weight_f)     f: tenant, sla, impact,
                                                              resources, age (scheduling.factors)
-    effective = predicted p90 / (urgency_range ** urgency    (p50, then a declared hint,
-                                 * the tenant's boost)       when there is no p90; boost:
+    effective = size / (urgency_range ** urgency * boost)    (boost:
                                                              scheduling/feedback.py)
+    size      = a model's predicted runtime at placement.size_quantile (the median by
+                default), else the history's bound, else a declared hint
     tier      = the size class of ``effective`` among the fleet's recent effective sizes
                 on the task's accelerator class (scheduling/size_classes.py)
           -> raised to the task's declared tier if that is higher (a floor)
           -> lowered to the tenant's max_tier if above it (the cap; nothing raises it)
           -> one tier lower while the tenant is above its fair share
 
-The p90, not the median, is what counts, so an uncertain prediction never puts a task
-that may well be long ahead of tasks known to be short. A task with no prediction at all,
-or on an accelerator class with too few recent sizes to draw boundaries from, takes the
-lowest tier (or its floor), as before anything is known.
+The median, because it is what orders uncertain sizes for the mean slowdown: swapping two
+neighbours ``i, j`` in a non-preemptive order changes the expected sum of slowdowns by
+``E[S_i] E[1/S_j] - E[S_j] E[1/S_i]``, so the best order ranks by ``E[S] / E[1/S]``,
+which for a log-normal runtime is the median squared, however wide the spread (Smith's
+rule with random sizes). Ranked by the p90, a task with a wide prediction counted as a
+long one and waited behind longer work (public logs: docs/placement.md). A task with no
+prediction at all, or on an accelerator class with too few recent sizes to draw
+boundaries from, takes the lowest tier (or its floor), as before anything is known.
 
 What does not change between publishes of the same task by the same tenant (tenant,
 SLA, declared labels, resources, urgency) is computed once and cached.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from statistics import NormalDist
 from typing import Any, NamedTuple
 
 from celery_aitp.cache import BoundedDict
@@ -100,6 +106,7 @@ class PriorityStage:
         self.weights = {f: float(getattr(p.weights, f)) for f in URGENCY_FACTORS}
         self.total = sum(self.weights.values()) or 1.0
         self.urgency_range = policy.placement.urgency_range
+        self.size_power = quantile_power(policy.placement.size_quantile)
         self.names = policy.tier_names
         self.lowest = len(self.names) - 1
         self.rank = {name: i for i, name in enumerate(self.names)}
@@ -203,7 +210,7 @@ class PriorityStage:
         urgency = (static.partial + self.weights["impact"] * (factors["impact"]
                                                               - static.factors["impact"])
                    + self.weights["age"] * factors["age"]) / self.total
-        size = _size_of(decision, static.hint)
+        size = _size_of(decision, static.hint, self.size_power)
         boost = view.sources.get(BOOSTS_SOURCE, _NO_BOOSTS).of(decision.tenant)
         effective = None if size is None else size / (self.urgency_range ** urgency * boost)
         classes = view.sources.get(SIZES_SOURCE, _NO_CLASSES)
@@ -288,9 +295,23 @@ def size_family(decision: Decision) -> str:
     return decision.accelerator
 
 
-def _size_of(decision: Decision, hint: float | None) -> float | None:
-    """The size a task is placed by: the predicted p90, else the p50, else the hint."""
-    for value in (decision.predicted_p90_s, decision.predicted_runtime_s, hint):
+def quantile_power(quantile: float) -> float:
+    """Where ``quantile`` of a log-normal runtime lies between its median (0) and its p90
+    (1), on a log scale: a model predicts those two quantiles, and the others follow."""
+    normal = NormalDist()
+    return normal.inv_cdf(quantile) / normal.inv_cdf(0.9)
+
+
+def _size_of(decision: Decision, hint: float | None, power: float) -> float | None:
+    """The size a task is placed by: a model's prediction at the policy's quantile
+    (``power``: :func:`quantile_power`); a history estimate's bound (the p90 field: the
+    longest recent run, the same for every call of a task or magnitude class, so its
+    calls keep one tier); else the p50, else the hint."""
+    p50, p90 = decision.predicted_runtime_s, decision.predicted_p90_s
+    if decision.prediction_source == "model" and p50 is not None and p90 is not None \
+            and 0 < p50 < p90:
+        return p50 * (p90 / p50) ** power
+    for value in (p90, p50, hint):
         if value is not None and value >= 0:
             return float(value)
     return None

@@ -9,10 +9,12 @@ import pytest
 
 from celery_aitp.core.request import Request
 from celery_aitp.core.view import View
+from celery_aitp.errors import PolicyError
 from celery_aitp.policy import SplitSettings, Stage, parse_policy
 from celery_aitp.profiles.profile import ObservedProfile
 from celery_aitp.profiles.store import ProfileBook
 from celery_aitp.publish.pipeline import Pipeline, default_stages
+from celery_aitp.publish.priority_stage import quantile_power
 from celery_aitp.scheduling.size_classes import SizeClasses, size_bin
 from celery_aitp.scheduling.usage import UsageSnapshot
 from tests.conftest import TEST_POLICY
@@ -65,23 +67,35 @@ def test_urgency_is_the_weighted_mean_of_the_factors_and_is_explained():
     total = w.tenant + w.sla + w.impact + w.resources + w.age
     expected = (w.tenant * f["tenant"] + w.sla * f["sla"]) / total
     assert d.score == pytest.approx(expected)
-    effective = 2.0 / POLICY.placement.urgency_range ** expected  # the p90 counts
+    effective = 2.0 / POLICY.placement.urgency_range ** expected  # no model: the p90 field
     assert d.tier_steps == {"size": "lo", "effective_size_s": pytest.approx(effective),
                             "bounds_s": None, "floor": "mid", "cap": "hi",
                             "fair_share": False, "boost": 1.0}
     assert d.tier == "mid"  # no boundaries yet: lowest by size, raised to the floor
 
 
-def test_tiers_are_size_classes_and_the_p90_counts():
-    """Shorter effective sizes take higher tiers; an uncertain prediction (short median,
-    long p90) is placed by its p90, so it never goes ahead of tasks known to be short."""
+def test_tiers_are_size_classes_ranked_by_the_predicted_median():
+    """Shorter effective sizes take higher tiers. A model's prediction counts at the
+    policy's quantile: the median by default (a wide spread does not make a task count
+    as long), up to the p90 with a higher ``size_quantile``; a history estimate counts by
+    its bound (its p90 field) whatever the quantile."""
     at = view(classes=CLASSES)
-    short, _ = decide(req(), p50=0.05, p90=0.1, snapshot=at)
-    medium, _ = decide(req(), p50=1.0, p90=1.0, snapshot=at)
-    uncertain, _ = decide(req(), p50=0.05, p90=100.0, snapshot=at)
-    assert (short.tier, medium.tier, uncertain.tier) == ("hi", "mid", "lo")
-    assert uncertain.tier_steps["size"] == "lo"
+    short, _ = decide(req(), p50=0.05, p90=0.1, snapshot=at, source="model")
+    medium, _ = decide(req(), p50=1.0, p90=1.0, snapshot=at, source="model")
+    wide, _ = decide(req(), p50=0.05, p90=100.0, snapshot=at, source="model")
+    assert (short.tier, medium.tier, wide.tier) == ("hi", "mid", "hi")
+    assert wide.tier_steps["size"] == "hi"
     assert short.tier_steps["bounds_s"] == pytest.approx(list(CLASSES.bounds["cpu"]))
+    cautious = {}
+    for quantile in (0.75, 0.9):
+        policy = parse_policy({**TEST_POLICY, "placement": {"size_quantile": quantile}})
+        cautious[quantile], _ = decide(req(), policy, p50=0.05, p90=100.0, snapshot=at,
+                                       source="model")
+    assert (cautious[0.75].tier, cautious[0.9].tier) == ("mid", "lo")
+    u = POLICY.placement.urgency_range ** cautious[0.9].score
+    assert cautious[0.9].tier_steps["effective_size_s"] == pytest.approx(100.0 / u)
+    bound, _ = decide(req(), p50=0.05, p90=100.0, snapshot=at, source="history")
+    assert bound.tier_steps["effective_size_s"] == pytest.approx(100.0 / u)
     p50_only, _ = decide(req(), p50=0.1, snapshot=at)
     hint, _ = decide(req(declared={"runtime_hint_s": 0.05}), snapshot=at)
     assert p50_only.tier == hint.tier == "hi"
@@ -90,7 +104,7 @@ def test_tiers_are_size_classes_and_the_p90_counts():
     assert nothing.tier == nan.tier == "lo"  # nothing known: the lowest tier
     assert nothing.tier_steps["effective_size_s"] is None
     gpu = ObservedProfile(runs=5, accelerator="gpu", accelerator_share=1.0, accelerator_runs=5)
-    other_class, _ = decide(req(task="render"), p50=0.05, p90=0.1,
+    other_class, _ = decide(req(task="render"), p50=0.05, p90=0.1, source="model",
                             snapshot=view(profiles={"render": gpu}, classes=CLASSES))
     assert other_class.tier == "lo"  # no boundaries for gpu yet
 
@@ -247,3 +261,12 @@ def test_cached_parts_follow_a_new_profile():
     gpu = ObservedProfile(runs=5, accelerator="gpu", accelerator_share=1.0, accelerator_runs=5)
     later = pipeline.decide(request, view(profiles={"render": gpu}), 0.0)
     assert later.accelerator == "gpu" and later.factors["resources"] == 1.0
+
+
+def test_a_quantile_between_the_median_and_the_p90_follows_the_log_normal_through_both():
+    assert quantile_power(0.5) == pytest.approx(0.0, abs=1e-12)
+    assert quantile_power(0.9) == pytest.approx(1.0)
+    assert quantile_power(0.75) == pytest.approx(0.6745 / 1.2816, rel=1e-3)
+    for bad in (0.4, 0.95):
+        with pytest.raises(PolicyError, match="size_quantile"):
+            parse_policy({**TEST_POLICY, "placement": {"size_quantile": bad}})
