@@ -58,6 +58,7 @@ def explain(record: Mapping[str, Any], policy: Policy, note: str | None = None) 
         "factors": rows,
         "score": record.get("score"),
         "urgency_range": policy.placement.urgency_range,
+        "size_quantile": policy.placement.size_quantile,
         "tier": record.get("tier"),
         "tier_steps": record.get("tier_steps"),
         "tiers": list(policy.tier_names),

@@ -62,9 +62,19 @@ def _render(data: dict[str, Any], default_queue: str) -> None:
         console.print("prediction: none (the runtime factor is neutral or from a hint)")
     else:
         console.print(f"prediction: p50 {_num(pred['p50_s'])} s, p90 {_num(pred['p90_s'])} s "
-                      f"({pred['source'] or 'unknown source'})")
+                      f"({pred['source'] or 'unknown source'}); {_size_rule(data)}")
     if data["note"]:
         console.print(f"[yellow]note[/yellow]: {data['note']}")
+
+
+def _size_rule(data: dict[str, Any]) -> str:
+    """Which figure of the prediction the task was placed by."""
+    if data["prediction"]["source"] != "model":
+        return "placed by the p90"  # a cold-start bound, or a hint
+    quantile = data.get("size_quantile")
+    if quantile is None:
+        return "placed by the policy's quantile"
+    return "placed by the median" if quantile == 0.5 else f"placed by the {quantile:g} quantile"
 
 
 def _num(value: Any) -> str:

@@ -62,7 +62,7 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
         text = "too few recent sizes: every task takes the lowest tier" if bounds is None \
             else "; ".join(_range(tiers, bounds))
         rows.append((accelerator, found["recent_sizes"], text))
-    table("size classes (effective size: predicted p90 over urgency and boost)",
+    table("size classes (effective size: predicted size over urgency and boost)",
           ["accelerator", "recent sizes", "tiers"], rows)
     if reads:  # worker/tier_cycle.py: weights share the worker's time, not its reads
         table("read charges (weighted tier order)", ["tier", "mean run s", "charge"], reads)

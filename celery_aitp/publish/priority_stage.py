@@ -284,11 +284,11 @@ def size_family(decision: Decision) -> str:
     one magnitude), that class's ``~history`` one.
 
     The two kinds of size do not mix: a cold-start bound is the longest recent run of the
-    task (or of a magnitude class), the same for all its calls, and a model's p90 is per
-    call. Ranked among recent
-    cold-start bounds, a model's sizes right after a model is promoted (about a thousand
-    tasks, the window) were all shorter than the bounds' mass and all took the top tier
-    (placement benchmark, pareto: 445 of 473 tasks in ``hi``, no better than FIFO).
+    task (or of a magnitude class), the same for all its calls, and a model's prediction
+    is per call. Ranked among recent cold-start bounds, a model's sizes right after a
+    model is promoted (about a thousand tasks, the window) were all shorter than the
+    bounds' mass and all took the top tier (placement benchmark, pareto: 445 of 473 tasks
+    in ``hi``, no better than FIFO).
     """
     if decision.prediction_source in HISTORY_SOURCES:
         return decision.accelerator + HISTORY_FAMILY

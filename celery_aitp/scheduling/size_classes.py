@@ -4,7 +4,7 @@ A worker reads its tiers highest first, so each tier behaves like one class of a
 non-preemptive priority queue. Putting short work in the top tier approximates shortest
 job first, which is what cuts mean slowdown (a task's wait over its runtime); the
 question is only where the boundaries between the classes go. They are chosen from the
-recent histogram of *effective sizes* (predicted p90 runtime over an urgency weight, see
+recent histogram of *effective sizes* (predicted runtime over an urgency weight, see
 ``publish/priority_stage.py``) of each accelerator class, to minimise the mean slowdown
 that Cobham's formula for non-preemptive priority classes predicts::
 

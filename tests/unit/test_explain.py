@@ -7,6 +7,7 @@ import json
 from click.testing import CliRunner
 
 from celery_aitp.cli.celery_command import aitp
+from celery_aitp.cli.explain import _size_rule
 from celery_aitp.explain import explain, policy_for, tier_story
 from celery_aitp.policy import Policy, parse_policy
 from celery_aitp.policy_history import policy_digest
@@ -69,6 +70,18 @@ def test_weights_come_from_the_policy_that_decided():
     assert policy is active and "not in the policy history" in note
     data = explain(record, policy, note)
     assert data["factors"][-1]["weight"] == active.priority.weights.age
+
+
+def test_explain_says_which_figure_of_the_prediction_placed_the_task():
+    record = {"predicted_runtime_s": 0.2, "predicted_p90_s": 3.0, "routed": True}
+    median = explain({**record, "prediction_source": "model"}, Policy(), None)
+    assert median["size_quantile"] == 0.5
+    assert _size_rule(median) == "placed by the median"
+    cautious = parse_policy({"placement": {"size_quantile": 0.9}})
+    assert _size_rule(explain({**record, "prediction_source": "model"}, cautious, None)) \
+        == "placed by the 0.9 quantile"
+    cold = explain({**record, "prediction_source": "size_history"}, Policy(), None)
+    assert _size_rule(cold) == "placed by the p90"
 
 
 def test_tier_story_reads_like_the_steps():
