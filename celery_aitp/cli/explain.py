@@ -9,6 +9,7 @@ import click
 
 from celery_aitp.cli.celery_command import middleware_of
 from celery_aitp.cli.output import console, emit_json, fail, table
+from celery_aitp.core.request import MODEL_PREDICTION
 from celery_aitp.errors import AitpError
 from celery_aitp.explain import explain_task, tier_story
 
@@ -68,12 +69,11 @@ def _render(data: dict[str, Any], default_queue: str) -> None:
 
 
 def _size_rule(data: dict[str, Any]) -> str:
-    """Which figure of the prediction the task was placed by."""
-    if data["prediction"]["source"] != "model":
+    """Which figure of the prediction the task was placed by (the priority stage's
+    ``_size_of``: a model's at the policy's quantile, anything else by its p90 field)."""
+    if data["prediction"]["source"] != MODEL_PREDICTION:
         return "placed by the p90"  # a cold-start bound, or a hint
-    quantile = data.get("size_quantile")
-    if quantile is None:
-        return "placed by the policy's quantile"
+    quantile = data["size_quantile"]
     return "placed by the median" if quantile == 0.5 else f"placed by the {quantile:g} quantile"
 
 

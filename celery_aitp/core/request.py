@@ -20,6 +20,9 @@ from celery_aitp.numbers import finite_number, json_number
 HEADER_VERSION = 2
 #: Bump when a decision record changes shape.
 RECORD_VERSION = 1
+#: ``prediction_source`` of a runtime model's prediction (the others are history
+#: estimates or a declared hint): placement ranks it by the policy's quantile.
+MODEL_PREDICTION = "model"
 #: Longest ``aitp`` header text read back (a decision's is about 350 characters).
 MAX_HEADER_CHARS = 4096
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from celery_aitp.core.request import Decision, Request, runtime_hint
+from celery_aitp.core.request import MODEL_PREDICTION, Decision, Request, runtime_hint
 from celery_aitp.core.view import View
 from celery_aitp.predict.drift import DRIFT_SOURCE, EMPTY_DRIFT, DriftSource
 from celery_aitp.predict.features import base_of
@@ -98,7 +98,7 @@ class PredictStage:
                 p90 *= base
             decision.predicted_runtime_s = p50
             decision.predicted_p90_s = p90
-            decision.prediction_source = "model"
+            decision.prediction_source = MODEL_PREDICTION
             return
         history = view.sources.get(HISTORY_SOURCE, EMPTY_HISTORY)
         found = history.of_class(request.task, request.args, request.kwargs)

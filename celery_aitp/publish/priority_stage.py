@@ -33,7 +33,7 @@ from statistics import NormalDist
 from typing import Any, NamedTuple
 
 from celery_aitp.cache import BoundedDict
-from celery_aitp.core.request import Decision, Request, runtime_hint
+from celery_aitp.core.request import MODEL_PREDICTION, Decision, Request, runtime_hint
 from celery_aitp.core.running import running_origin
 from celery_aitp.core.view import View
 from celery_aitp.policy import Policy
@@ -308,7 +308,7 @@ def _size_of(decision: Decision, hint: float | None, power: float) -> float | No
     longest recent run, the same for every call of a task or magnitude class, so its
     calls keep one tier); else the p50, else the hint."""
     p50, p90 = decision.predicted_runtime_s, decision.predicted_p90_s
-    if decision.prediction_source == "model" and p50 is not None and p90 is not None \
+    if decision.prediction_source == MODEL_PREDICTION and p50 is not None and p90 is not None \
             and 0 < p50 < p90:
         return p50 * (p90 / p50) ** power
     for value in (p90, p50, hint):
