@@ -3,16 +3,21 @@
     python benchmarks/trace_replay.py TRACE.swf.gz [TRACE.swf.gz ...] [--jobs 10000]
 
 Each Standard Workload Format log is converted with ``celery-aitp import-swf`` (one job,
-one task; the user is the tenant, the requested processors and time are keyword
-arguments). ``--jobs`` consecutive jobs from the middle of the log are replayed, so the
-four traces take minutes, not hours, on a small machine. The slots are sized from that
-slice so its offered load is ``--load`` (0.85 by default; a whole number of slots gets
-as close as it can, the table says what it got), and the slowdown is bounded at 10 s.
+one task; the user is the tenant the task claims, the requested processors and time are
+keyword arguments). The default policy lists no tenant, so every job is the default
+tenant's, and the runs are recorded, and the model trained, under that name, as a
+deployment's workers would record them. ``--jobs`` consecutive jobs from the middle
+of the log are replayed, so the four traces take minutes, not hours, on a small
+machine. The slots are sized from that slice so its offered load is ``--load`` (0.85
+by default; a whole number of slots gets as close as it can, the table says what it
+got), and the slowdown is bounded at 10 s.
 
 Per trace, with the default policy:
 
 - ``aitp``: a runtime model trained on the first ``--train-share`` of the slice, the rest
-  replayed and counted (the first part is simulated as a warm-up in every run);
+  replayed and counted (the first part is simulated as a warm-up in every run); the
+  trainer retrains it beside the workers as ``celery aitp trainer`` does (every 600
+  simulated seconds once 100 new runs arrived; ``--trainer-every 0``: never);
 - ``cold``: the same, with no model at all (predictions from the replayed history only);
 - ``fifo``: one FIFO queue, as plain Celery; ``oracle``: the true runtimes as predictions.
 
@@ -38,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from celery_aitp.cli.output import console, table  # noqa: E402
 from celery_aitp.learn.train import train  # noqa: E402
 from celery_aitp.policy import Policy, parse_policy, read_policy_file  # noqa: E402
-from celery_aitp.replay.app import embedded_stores, pipeline_factory  # noqa: E402
+from celery_aitp.replay.app import as_recorded, embedded_stores, pipeline_factory  # noqa: E402
 from celery_aitp.replay.runner import (  # noqa: E402
     PolicyUnderTest,
     Replay,
@@ -48,6 +53,7 @@ from celery_aitp.replay.runner import (  # noqa: E402
     slots_for_load,
 )
 from celery_aitp.replay.trace import Trace, from_records, load_jsonl  # noqa: E402
+from celery_aitp.replay.trainer import TrainerSettings  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TAU_S = 10.0
@@ -75,17 +81,18 @@ def middle_slice(trace: Trace, jobs: int) -> Trace:
 
 
 def replay_trace(name: str, trace: Trace, policy: Policy, load: float,
-                 train_share: float) -> dict[str, Any]:
+                 train_share: float, trainer: TrainerSettings | None) -> dict[str, Any]:
     """One trace: train on its first part, replay aitp, cold, FIFO and the oracle."""
     cut = int(len(trace) * train_share)
     started = time.perf_counter()
-    trained = train(trace.records[:cut])
+    trained = train(as_recorded(trace.records[:cut], policy))
     if trained.bundle is None:
         raise SystemExit(f"{name}: no model ({trained.reason})")
     scores = {s.name: {"mae_s": s.mae, "within_2x": s.within_2x} for s in trained.scores}
     slots = slots_for_load(trace, load, policy.default_accelerator)
     config = ReplayConfig(slots=slots, tau_s=TAU_S, size_targets=True,
-                          refresh_interval_s=REFRESH_S, count_from=trace.published[cut])
+                          refresh_interval_s=REFRESH_S, count_from=trace.published[cut],
+                          trainer=trainer)
     build = pipeline_factory(policy)
     with embedded_stores(model=trained.bundle) as stores, \
             embedded_stores("aitp-replay-cold") as cold_stores:
@@ -108,7 +115,7 @@ def summary(name: str, trace: Trace, result: ReplayResult, cut: int,
             "wait_p50_s": groups["all"].wait_p50_s,
             "tiers": ({} if run.kind == "fifo"
                       else dict(sorted(_tier_counts(run.outcome, cut).items()))),
-            "predicted_by": run.predictions}
+            "predicted_by": run.predictions, "models_promoted": run.models_promoted}
     load = offered_load(trace, result.slots)
     return {"trace": name, "jobs": len(trace), "trained_on": cut, "counted": len(trace) - cut,
             "days": trace.span_s / 86400, "slots": result.slots, "offered_load": load,
@@ -157,13 +164,15 @@ def markdown(found: list[dict[str, Any]], command: str) -> str:
         lines.append(f"| {item['trace']} | {item['counted']:,} | {load} | "
                      + " | ".join(cells) + " |")
     lines += ["", "| trace | run | mean bounded slowdown | short p95 wait (h) | "
-              "long max wait (h) | tiers given |", "|---|---|---:|---:|---:|---|"]
+              "long max wait (h) | tiers given | models promoted |",
+              "|---|---|---:|---:|---:|---|---:|"]
     for item in found:
         for run, fig in item["runs"].items():
             tiers = ", ".join(f"{k} {v}" for k, v in fig["tiers"].items())
             lines.append(f"| {item['trace']} | {run} | {fig['mean_slowdown']:.1f} | "
                          f"{fig['short_wait_p95_s'] / 3600:.1f} | "
-                         f"{fig['long_wait_max_s'] / 3600:.1f} | {tiers} |")
+                         f"{fig['long_wait_max_s'] / 3600:.1f} | {tiers} | "
+                         f"{fig['models_promoted']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -175,20 +184,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-share", type=float, default=0.3)
     parser.add_argument("--policy", type=Path, default=None,
                         help="a policy file instead of the default policy")
+    parser.add_argument("--trainer-every", type=float, default=600.0,
+                        help="simulated seconds between trainer rounds (0: no trainer)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     policy = read_policy_file(str(args.policy)) if args.policy else parse_policy({})
+    trainer = TrainerSettings(every_s=args.trainer_every) if args.trainer_every > 0 else None
     found = []
     with tempfile.TemporaryDirectory(prefix="aitp-trace-replay-") as tmp:
         for swf in args.traces:
             name = swf.name.split("-cln")[0].split(".swf")[0]
             trace = middle_slice(convert(swf, Path(tmp) / f"{name}.jsonl"), args.jobs)
             console.print(f"{name}: {len(trace)} jobs over {trace.span_s / 86400:.1f} days")
-            found.append(replay_trace(name, trace, policy, args.load, args.train_share))
+            found.append(replay_trace(name, trace, policy, args.load, args.train_share,
+                                      trainer))
             console.print(f"  replayed in {found[-1]['seconds']:.0f}s")
     print_tables(found)
     command = ("python benchmarks/trace_replay.py " + " ".join(p.name for p in args.traces)
                + f" --jobs {args.jobs} --load {args.load:g} --train-share {args.train_share:g}"
+               + f" --trainer-every {args.trainer_every:g}"
                + (f" --policy {args.policy.name}" if args.policy else ""))
     suffix = f"-{args.policy.stem}" if args.policy else ""
     args.out.mkdir(parents=True, exist_ok=True)

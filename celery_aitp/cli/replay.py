@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from celery_aitp.cli.output import console, fail, table
-from celery_aitp.cli.training import print_result
+from celery_aitp.cli.training import parse_duration, print_result
 from celery_aitp.errors import AitpError
 from celery_aitp.extras import require
 from celery_aitp.replay.metrics import RunStats, Target
@@ -36,6 +36,7 @@ from celery_aitp.replay.runner import (
     slots_for_load,
 )
 from celery_aitp.replay.trace import Trace, from_records, load_jsonl
+from celery_aitp.replay.trainer import TrainerSettings
 
 #: With more tenants than this, their rows are left to the HTML report.
 MAX_TENANT_ROWS = 12
@@ -95,7 +96,20 @@ def report_meta(result: ReplayResult, source: str, config: ReplayConfig) -> list
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(run.reasons.items()))
             sources = ", ".join(f"{k} {v}" for k, v in sorted(run.predictions.items()))
             meta.append(f"{run.name} decisions: {reasons}; predicted by: {sources}")
+    trainer = trainer_line(result, config)
+    if trainer:
+        meta.append(trainer)
     return meta
+
+
+def trainer_line(result: ReplayResult, config: ReplayConfig) -> str:
+    """What the simulated trainer did ("" without one)."""
+    if config.trainer is None:
+        return ""
+    promoted = ", ".join(f"{r.name} {r.models_promoted}" for r in result.runs
+                         if r.kind == "policy")
+    return (f"trainer: a round every {config.trainer.every_s:g}s once {config.trainer.min_new}"
+            f" new runs arrived; models promoted: {promoted}")
 
 
 def _overhead_text(config: ReplayConfig) -> str:
@@ -115,7 +129,9 @@ def execute(trace: Trace, source: str, tests: list[PolicyUnderTest], config: Rep
     report.write_text(html_report("celery_aitp replay", meta, [r.stats for r in result.runs],
                                   result.targets, series_of(result, config.count_from),
                                   tier_order))
-    console.print(f"{meta[0]}\nreport: {report} ({time.monotonic() - started:.1f}s)")
+    trainer = trainer_line(result, config)
+    console.print(f"{meta[0]}\n{trainer + chr(10) if trainer else ''}report: {report} "
+                  f"({time.monotonic() - started:.1f}s)")
     return result
 
 
@@ -139,6 +155,11 @@ def replay_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Simulated seconds between two refreshes of the pipeline's shared "
                           "state (as the live view's interval; larger is faster on traces "
                           "whose tasks run for minutes or hours)."),
+        click.option("--trainer-every", "trainer_every", default=None,
+                     help="Retrain the runtime model during the replay as `celery aitp "
+                          "trainer --every` would (e.g. 10m): on the replayed runs, once "
+                          "100 new ones arrived, promoting only a better model. Default: "
+                          "the model stays as it started."),
         click.option("--consumption", default="policy", show_default=True,
                      help="Workers' queue order: 'policy' (as the policy's tier_order makes "
                           "workers read), or a kombu strategy name or module:Class."),
@@ -159,12 +180,14 @@ def replay_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 @dataclass(frozen=True)
 class Sizing:
-    """How the simulated fleet and the figures are sized (the options both commands share)."""
+    """How the simulated fleet and the figures are sized, and how often the trainer runs
+    (the options both commands share)."""
 
     workers: str | None = None
     load: float | None = None
     tau_s: float = 0.1
     refresh_s: float = 1.0
+    trainer_every: str | None = None
 
 
 def _slots(trace: Trace, sizing: Sizing, default_accelerator: str) -> dict[str, int]:
@@ -199,7 +222,18 @@ def config_for(trace: Trace, sizing: Sizing, consumption: str, overhead_ms: str,
                         class_overhead_s=per_class, strategy=consumption,
                         declarations=declarations, tau_s=sizing.tau_s,
                         refresh_interval_s=sizing.refresh_s, size_targets=True,
-                        count_from=trace.published[0] + count_from_s if count_from_s else None)
+                        count_from=trace.published[0] + count_from_s if count_from_s else None,
+                        trainer=_trainer(sizing.trainer_every))
+
+
+def _trainer(every: str | None) -> TrainerSettings | None:
+    """The simulated trainer for ``--trainer-every`` (None: no trainer)."""
+    if every is None:
+        return None
+    try:
+        return TrainerSettings(every_s=parse_duration(every))
+    except click.BadParameter as exc:
+        fail(f"--trainer-every: {exc.message}")
 
 
 def _overheads(trace: Trace, text: str, default_accelerator: str
@@ -234,7 +268,8 @@ def _load(path: str) -> Trace:
 @click.pass_context
 def command(ctx: click.Context, trace: str | None, policy: str | None, versus: tuple[str, ...],
             workers: str | None, load: float | None, tau_s: float, refresh_s: float,
-            consumption: str, overhead_ms: str, count_from_s: float, report: Path) -> None:
+            trainer_every: str | None, consumption: str, overhead_ms: str,
+            count_from_s: float, report: Path) -> None:
     """Replay TRACE (a JSON-lines file; default: the store's observations) under a policy."""
     from celery_aitp.cli.celery_command import middleware_of
     from celery_aitp.replay.app import (
@@ -257,8 +292,8 @@ def command(ctx: click.Context, trace: str | None, policy: str | None, versus: t
         fail(str(exc))
     if not len(loaded):
         fail(f"{source}: no replayable records ({loaded.skipped_summary()})")
-    config = config_for(loaded, Sizing(workers, load, tau_s, refresh_s), consumption,
-                        overhead_ms, app_declarations(mw),
+    config = config_for(loaded, Sizing(workers, load, tau_s, refresh_s, trainer_every),
+                        consumption, overhead_ms, app_declarations(mw),
                         str(mw.app.conf.task_default_queue), mw.policy.default_accelerator,
                         count_from_s)
     model = app_model(mw)
@@ -287,8 +322,8 @@ def command(ctx: click.Context, trace: str | None, policy: str | None, versus: t
 def offline_command(trace: str, policy: str | None, model_dir: str | None,
                     train_share: float | None, cold_start: bool, versus: tuple[str, ...],
                     workers: str | None, load: float | None, tau_s: float, refresh_s: float,
-                    consumption: str, overhead_ms: str, count_from_s: float,
-                    report: Path) -> None:
+                    trainer_every: str | None, consumption: str, overhead_ms: str,
+                    count_from_s: float, report: Path) -> None:
     """Replay TRACE (observation records, JSON lines) under a policy, FIFO and the oracle.
 
     Without an app the tasks' declarations are unknown: each record's accelerator and
@@ -306,10 +341,10 @@ def offline_command(trace: str, policy: str | None, model_dir: str | None,
     tests = _offline_policies(policy, versus)
     model = _read_model(model_dir) if model_dir else None
     if train_share is not None:
-        model, count_from_s = _train_on_first(loaded, train_share)
+        model, count_from_s = _train_on_first(loaded, train_share, tests[0].policy)
         cold_start = True
-    config = config_for(loaded, Sizing(workers, load, tau_s, refresh_s), consumption,
-                        overhead_ms, recorded_declarations,
+    config = config_for(loaded, Sizing(workers, load, tau_s, refresh_s, trainer_every),
+                        consumption, overhead_ms, recorded_declarations,
                         default_accelerator=tests[0].policy.default_accelerator,
                         count_from_s=count_from_s)
     with embedded_stores(model=model) as stores, \
@@ -353,10 +388,11 @@ def _read_model(model_dir: str) -> Any:
         fail(f"--model: {exc}")
 
 
-def _train_on_first(trace: Trace, share: float) -> tuple[Any, float]:
-    """(model trained on the first ``share`` of the runs, seconds from the trace's start
-    to the first run that counts)."""
+def _train_on_first(trace: Trace, share: float, policy: Any) -> tuple[Any, float]:
+    """(model trained on the first ``share`` of the runs, as ``policy``'s workers would
+    have recorded them, seconds from the trace's start to the first run that counts)."""
     from celery_aitp.learn.train import train
+    from celery_aitp.replay.app import as_recorded
 
     cut = int(len(trace) * share)
     if cut < 1 or cut >= len(trace):
@@ -364,7 +400,7 @@ def _train_on_first(trace: Trace, share: float) -> tuple[Any, float]:
              "or to count")
     try:
         require("train", "celery-aitp replay --train-share")
-        result = train(trace.records[:cut])
+        result = train(as_recorded(trace.records[:cut], policy))
     except AitpError as exc:
         fail(str(exc))
     console.print(f"runtime model: trained on the first {cut} runs")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from celery_aitp.policy import Policy, read_policy_file
 from celery_aitp.predict.bundle import ModelBundle
 from celery_aitp.predict.model_store import ModelStore
 from celery_aitp.publish.pipeline import Pipeline, default_stages
+from celery_aitp.publish.tenant_stage import TenantStage
 from celery_aitp.replay.feed import StoreFactory
 from celery_aitp.replay.routers import Declarations, recorded_declarations
 from celery_aitp.replay.runner import PipelineFactory, PolicyUnderTest
@@ -25,6 +26,16 @@ def default_pipeline(policy: Policy, clock: Callable[[], float],
                      profile_refresh_s: float = 10.0) -> Pipeline:
     """A fresh pipeline of the product's default stages for ``policy``, on ``clock``."""
     return Pipeline(default_stages(policy, profile_refresh_s, clock))
+
+
+def as_recorded(records: Iterable[Mapping[str, Any]], policy: Policy
+                ) -> list[dict[str, Any]]:
+    """The records as ``policy``'s workers would have recorded them: with the tenant the
+    policy resolves from each record's (claimed) tenant, as the replay's simulated workers
+    record their runs. A model trained on them sees the same tenants and per-tenant
+    history when it predicts in the replay as it saw in training."""
+    resolve = TenantStage(policy).resolve
+    return [dict(record, tenant=resolve(record.get("tenant"), None)[0]) for record in records]
 
 
 def pipeline_factory(policy: Policy) -> PipelineFactory:

@@ -116,6 +116,7 @@ class PipelineRouter:
         self.tiers: list[str] = [""] * n
         self.accelerators: list[str] = [""] * n
         self.queues: list[str] = [""] * n
+        self.tenants: list[str] = [""] * n  # as the header the worker reads names it
         self.reasons: dict[str, int] = {}
         self.predictions: dict[str, int] = {}  # decisions per prediction source
 
@@ -151,6 +152,7 @@ class PipelineRouter:
             self.clock.now = now
         decision = self.pipeline.decide(self.request(i, now), self.view(now), now)
         self.tiers[i] = decision.tier
+        self.tenants[i] = decision.tenant
         self.accelerators[i] = decision.accelerator or self.policy.default_accelerator
         self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
         source = decision.prediction_source or "none"

@@ -15,7 +15,7 @@ from celery_aitp.policy import Policy
 from celery_aitp.predict.history import HistorySink
 from celery_aitp.publish.pipeline import Pipeline
 from celery_aitp.replay.engine import Engine, Outcome, SimWorker
-from celery_aitp.replay.feed import SourceFeed, StoreFactory
+from celery_aitp.replay.feed import SourceFeed, StoreFactory, WorkerSide
 from celery_aitp.replay.metrics import (
     TAU_S,
     RunStats,
@@ -36,6 +36,7 @@ from celery_aitp.replay.routers import (
     recorded_declarations,
 )
 from celery_aitp.replay.trace import Trace
+from celery_aitp.replay.trainer import SimTrainer, TrainerSettings
 from celery_aitp.store import RedisStore
 from celery_aitp.telemetry.counters import Counters
 from celery_aitp.worker import tier_cycle
@@ -87,6 +88,7 @@ class SimRun:
     stats: RunStats
     reasons: dict[str, int] = field(default_factory=dict)
     predictions: dict[str, int] = field(default_factory=dict)
+    models_promoted: int = 0  # by the simulated trainer (ReplayConfig.trainer)
 
 
 @dataclass
@@ -117,13 +119,18 @@ class ReplayConfig:
     tau_s: float = TAU_S  # runtime floor of the bounded slowdown
     #: targets on short/long tasks by true runtime (issue 17) instead of the tiers'
     size_targets: bool = False
+    #: retrain the runtime model as ``celery aitp trainer`` would, in the policies' runs
+    #: (not the cold start's, nor the oracle's); None: the model stays as it started
+    trainer: TrainerSettings | None = None
 
 
 def _observation(router: PipelineRouter, i: int, started: float) -> dict[str, Any]:
-    """The recorded run as the simulated worker records it: its measures, the new route."""
+    """The recorded run as the simulated worker records it: its measures, the new route,
+    and the tenant the pipeline resolved (a real worker records the tenant of the task's
+    header, never the name the caller claimed)."""
     record = dict(router.records[i])
-    record.update(tier=router.tiers[i], accelerator=router.accelerators[i],
-                  queue=router.queues[i], started_at=started,
+    record.update(tenant=router.tenants[i], tier=router.tiers[i],
+                  accelerator=router.accelerators[i], queue=router.queues[i], started_at=started,
                   wait_s=started - record["published_at"],
                   outcome=record.get("outcome") or "SUCCESS")
     return record
@@ -143,6 +150,14 @@ class WorkerRuns:
     def flush(self, store: RedisStore) -> None:
         self.ledger.flush(store)
         self.history.flush(store)
+
+
+def _promoted(router: PipelineRouter | None) -> int:
+    """Models the run's simulated trainer promoted (0 without one)."""
+    if router is None:
+        return 0
+    return sum(part.promoted for part in router.feed.worker_side
+               if isinstance(part, SimTrainer))
 
 
 def consumption(policy: Policy, queues: Sequence[str], requested: str) -> tuple[str, bool]:
@@ -200,8 +215,11 @@ class Replay:
         for worker in workers:
             worker.strategy = strategy
         stores = test.stores or cfg.store_factory
+        worker_side: list[WorkerSide] = [WorkerRuns(test.policy, clock)]
+        if cfg.trainer is not None and test.kind == "policy" and not oracle:
+            worker_side.append(SimTrainer(cfg.trainer, clock))
         feed = SourceFeed(pipeline.sources(), stores, cfg.refresh_interval_s,
-                          worker_side=[WorkerRuns(test.policy, clock)],
+                          worker_side=worker_side,
                           listeners=[tier_cycle.follow_usage] if follows else [])
         router = PipelineRouter(self.trace, pipeline, test.policy, workers, cfg.default_queue,
                                 cfg.declarations, oracle=oracle, feed=feed, clock=clock)
@@ -228,7 +246,8 @@ class Replay:
         oracle, router = self.policy_run(tests[0], oracle=True)
         raw.append(("oracle", "oracle", oracle, router))
         runs = [SimRun(name, kind, out, self._stats(name, out, labels, sla, order),
-                       r.reasons if r else {}, r.predictions if r else {})
+                       r.reasons if r else {}, r.predictions if r else {},
+                       _promoted(r))
                 for name, kind, out, r in raw]
         by_kind = {r.kind: r for r in reversed(runs)}
         fifo_stats, oracle_stats = by_kind["fifo"].stats, by_kind["oracle"].stats

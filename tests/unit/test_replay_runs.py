@@ -254,3 +254,31 @@ def test_fair_share_state_flows_through_the_real_sources_and_ledger():
     predicted = result.run("p").predictions
     assert predicted.get("history", 0) > 250 and sum(predicted.values()) == len(records)
     assert result.run("oracle").predictions == {"oracle": len(records)}
+
+
+def test_runs_are_recorded_under_the_tenant_the_pipeline_resolved():
+    """A worker records the tenant of the task's header: a claimed name the policy does
+    not take is recorded as the default tenant, and the history the later decisions read
+    is the default tenant's (before, it was kept under the claimed name and never read)."""
+    import fakeredis
+
+    from celery_aitp.replay.app import as_recorded, pipeline_factory
+    from celery_aitp.store import Keys, RedisStore
+
+    stores = []
+
+    def factory():
+        stores.append(RedisStore(fakeredis.FakeRedis(), Keys(f"sim{len(stores)}")))
+        return stores[-1]
+
+    records = [rec("job", f"user{i % 3}", i * 2.0, 1.0) for i in range(40)]
+    result = replay(records, store_factory=factory,
+                    tests=[PolicyUnderTest("p", POLICY, pipeline_factory(POLICY))])
+    fields = stores[0].client.hkeys(stores[0].keys.any("history"))
+    assert sorted(fields) == [b"default|", b"default|job"]
+    assert result.run("p").predictions.get("history", 0) > 30
+    # a model trained for the replay learns from the same names
+    assert {r["tenant"] for r in as_recorded(records, POLICY)} == {"default"}
+    claimed = [rec("job", "acme", 0.0, 1.0), rec("job", "user9", 0.0, 1.0)]
+    assert [r["tenant"] for r in as_recorded(claimed, POLICY)] == ["acme", "default"]
+    assert records[0]["tenant"] == "user0"  # the trace itself is left as it was

@@ -119,7 +119,27 @@ def test_replay_with_a_model_trained_on_the_first_part_and_a_cold_start(tmp_path
     assert "offered load cpu" in page and "runtimes below 10s count as 10s" in page
 
 
+def test_the_trainer_retrains_during_the_replay(tmp_path):
+    """No model to start with: the simulated trainer learns one from the replayed runs and
+    the policy's later tasks are predicted by it; the cold start and the oracle get none."""
+    trace = _batch_trace(tmp_path / "trace.jsonl")
+    result = CliRunner().invoke(main, [
+        "replay", str(trace), "--load", "0.85", "--slowdown-bound-s", "10", "--cold-start",
+        "--trainer-every", "10m", "--refresh-s", "30", "--report", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    promoted = re.search(r"models promoted: aitp (\d+)", out)
+    assert promoted and int(promoted.group(1)) >= 1, out
+    page = (tmp_path / "r.html").read_text()
+    used = re.search(r"aitp decisions: [^;]*; predicted by: ([^<]*)", page)
+    assert used and re.search(r"model \d+", used.group(1)), page
+    cold = re.search(r"cold decisions: [^;]*; predicted by: ([^<]*)", page)
+    assert cold and "model" not in cold.group(1), page
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--workers", "cpu=2", "--trainer-every", "soon"],
+     "--trainer-every: 'soon': expected a positive duration"),
     (["--load", "0.85", "--workers", "cpu=2"], "--workers and --load"),
     (["--load", "1.2"], "--load: must be between 0 and 1"),
     (["--train-share", "0.5", "--model", "somewhere"], "--model and --train-share"),
