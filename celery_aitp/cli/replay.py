@@ -20,6 +20,7 @@ from celery_aitp.cli.output import console, fail, table
 from celery_aitp.cli.training import parse_duration, print_result
 from celery_aitp.errors import AitpError
 from celery_aitp.extras import require
+from celery_aitp.policy import Policy
 from celery_aitp.replay.metrics import RunStats, Target
 from celery_aitp.replay.report import RunSeries, html_report
 from celery_aitp.replay.routers import Declarations, recorded_declarations
@@ -129,9 +130,9 @@ def execute(trace: Trace, source: str, tests: list[PolicyUnderTest], config: Rep
     report.write_text(html_report("celery_aitp replay", meta, [r.stats for r in result.runs],
                                   result.targets, series_of(result, config.count_from),
                                   tier_order))
-    trainer = trainer_line(result, config)
-    console.print(f"{meta[0]}\n{trainer + chr(10) if trainer else ''}report: {report} "
-                  f"({time.monotonic() - started:.1f}s)")
+    lines = [meta[0], trainer_line(result, config),
+             f"report: {report} ({time.monotonic() - started:.1f}s)"]
+    console.print("\n".join(line for line in lines if line))
     return result
 
 
@@ -388,7 +389,7 @@ def _read_model(model_dir: str) -> Any:
         fail(f"--model: {exc}")
 
 
-def _train_on_first(trace: Trace, share: float, policy: Any) -> tuple[Any, float]:
+def _train_on_first(trace: Trace, share: float, policy: Policy) -> tuple[Any, float]:
     """(model trained on the first ``share`` of the runs, as ``policy``'s workers would
     have recorded them, seconds from the trace's start to the first run that counts)."""
     from celery_aitp.learn.train import train
