@@ -9,11 +9,12 @@ import click
 from celery_aitp.cli.celery_command import middleware_of
 from celery_aitp.cli.output import console, fail
 from celery_aitp.cli.training import print_result, progress_bar
-from celery_aitp.errors import AitpError, ModelError
+from celery_aitp.errors import AitpError
 from celery_aitp.extras import require
 from celery_aitp.learn.dataset import read_jsonl
 from celery_aitp.learn.observations import store_records
-from celery_aitp.learn.train import TrainConfig, TrainResult, current_model_mae, train
+from celery_aitp.learn.promotion import promotion_refusal
+from celery_aitp.learn.train import TrainConfig, TrainResult, train
 from celery_aitp.predict.model_store import ModelStore
 
 
@@ -35,51 +36,14 @@ def train_and_promote(middleware: Any, observations: str | None, limit: int | No
     if dry_run:
         console.print("dry run: not promoted")
         return result
-    if not result.promotable:
-        console.print("[yellow]not promoted[/yellow]: the current model stays in use")
-        return result
-    pinned = models.pinned()
-    if pinned:
-        console.print(f"[yellow]not promoted[/yellow]: model {pinned} is pinned "
-                      "(`aitp model unpin` lets the trainer promote again)")
-        return result
-    beaten = beats_current(models, result)
-    if beaten:
-        console.print(f"[yellow]not promoted[/yellow]: {beaten}")
+    refusal = promotion_refusal(models, result, say=console.print)
+    if refusal:
+        console.print(f"[yellow]not promoted[/yellow]: {refusal}")
         return result
     models.promote(result.bundle)
     console.print(f"[green]promoted[/green] model {result.bundle.version}; producers and "
                   "workers pick it up within seconds")
     return result
-
-
-def beats_current(models: ModelStore, result: TrainResult) -> str | None:
-    """Why the new model must not replace the one in use, or None if it may.
-
-    Both predict the new model's validation records (the newest); the new one must have
-    the lower MAE. A current model that cannot predict them (unreadable, another feature
-    schema) does not block: the new one already beat the last-two baseline."""
-    try:
-        current = models.read()
-    except ModelError as exc:
-        console.print(f"current model unreadable ({exc}): comparing with the baseline only")
-        return None
-    if current is None or result.bundle is None:
-        return None
-    try:
-        current_mae = current_model_mae(result, current)
-    except ModelError as exc:
-        console.print(f"current model {current.version} cannot be scored ({exc}): "
-                      "comparing with the baseline only")
-        return None
-    new_mae = result.score("model").mae
-    console.print(f"on the same validation window: new model MAE {new_mae:.4g}s, "
-                  f"current {current.version} {current_mae:.4g}s")
-    if new_mae < current_mae:
-        return None
-    result.promotable = False
-    result.reason = f"does not beat the current model ({new_mae:.4g}s vs {current_mae:.4g}s)"
-    return f"the current model {current.version} is as good or better on the same window"
 
 
 @click.command("train")

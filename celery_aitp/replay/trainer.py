@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from celery_aitp.errors import ModelError
 from celery_aitp.predict.model_store import ModelStore
 from celery_aitp.store import RedisStore
 
@@ -28,7 +27,6 @@ class TrainerSettings:
 
     every_s: float = 600.0
     min_new: int = 100
-    limit: int | None = None
 
 
 class SimTrainer:
@@ -37,7 +35,6 @@ class SimTrainer:
     def __init__(self, settings: TrainerSettings, clock: Callable[[], float]) -> None:
         self.settings = settings
         self.clock = clock
-        self.rounds = 0  # rounds that trained a model
         self.promoted = 0
         self._new = 0
         self._next = -math.inf
@@ -46,7 +43,9 @@ class SimTrainer:
         self._new += 1
 
     def flush(self, store: RedisStore) -> None:
-        """One round when it is due: skipped with fewer than ``min_new`` new runs."""
+        """One round when it is due: skipped with fewer than ``min_new`` new runs; the
+        model trained on every recorded run is promoted by the trainers' one rule
+        (:func:`~celery_aitp.learn.promotion.promotion_refusal`)."""
         now = self.clock()
         if now < self._next:
             return
@@ -55,19 +54,11 @@ class SimTrainer:
             return
         self._new = 0
         from celery_aitp.learn.observations import store_records
-        from celery_aitp.learn.train import current_model_mae, train
+        from celery_aitp.learn.promotion import promotion_refusal
+        from celery_aitp.learn.train import train
 
-        result = train(store_records(store, self.settings.limit))
-        self.rounds += 1
-        if result.bundle is None or not result.promotable:
-            return
+        result = train(store_records(store))
         models = ModelStore(store)
-        try:
-            current = models.read()
-            if current is not None and \
-                    current_model_mae(result, current) <= result.score("model").mae:
-                return  # the model in use is as good on the same window
-        except ModelError:
-            pass  # an unreadable current model does not block (as the trainer)
-        models.promote(result.bundle)
-        self.promoted += 1
+        if result.bundle is not None and promotion_refusal(models, result) is None:
+            models.promote(result.bundle)
+            self.promoted += 1

@@ -282,3 +282,38 @@ def test_runs_are_recorded_under_the_tenant_the_pipeline_resolved():
     claimed = [rec("job", "acme", 0.0, 1.0), rec("job", "user9", 0.0, 1.0)]
     assert [r["tenant"] for r in as_recorded(claimed, POLICY)] == ["acme", "default"]
     assert records[0]["tenant"] == "user0"  # the trace itself is left as it was
+
+
+def test_the_simulated_trainer_runs_when_due_with_enough_new_runs(synthetic_records):
+    """As ``celery aitp trainer``: a round per ``every_s``, skipped with fewer than
+    ``min_new`` new runs; the model is promoted by the trainers' rule, so a second round
+    on the same runs does not replace the one in use."""
+    import fakeredis
+
+    from celery_aitp.predict.model_store import ModelStore
+    from celery_aitp.replay.trainer import SimTrainer, TrainerSettings
+    from celery_aitp.store import Keys, RedisStore
+
+    store = RedisStore(fakeredis.FakeRedis(), Keys("simtrain"))
+    models = ModelStore(store)
+    now = [0.0]
+    trainer = SimTrainer(TrainerSettings(every_s=600.0, min_new=100), lambda: now[0])
+    store.append_records(store.keys.observations, synthetic_records[:1500], 10_000)
+    for record in synthetic_records[:50]:
+        trainer.add(record)
+    trainer.flush(store)  # due, but only 50 new runs: skipped
+    assert models.version() is None
+    for record in synthetic_records[50:150]:
+        trainer.add(record)
+    now[0] = 300.0
+    trainer.flush(store)  # 150 new runs, but the next round is due at 600
+    assert models.version() is None
+    now[0] = 600.0
+    trainer.flush(store)
+    first = models.version()
+    assert first is not None and trainer.promoted == 1
+    for record in synthetic_records[150:250]:
+        trainer.add(record)
+    now[0] = 1200.0
+    trainer.flush(store)  # the same runs again: not better than the model in use
+    assert models.version() == first and trainer.promoted == 1
