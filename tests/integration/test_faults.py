@@ -171,20 +171,40 @@ def test_restart_redis_while_producers_publish(deploy):
         ledger = d.ledger()
         producer = publish_steadily(ledger, d.sender(ledger, 0.05), n=80, rate_per_s=20)
         time.sleep(1.5)
+        stopped_at = time.time()
         downtime = server.restart(down_s=2.0)
         producer.join(timeout=60)
         ledger.settle(quiet_s=FAST_RESTORE["visibility_timeout"] + 2, timeout_s=90)
         refusal = f"; refused with {ledger.errors[0][:60]}" if ledger.errors else ""
         reasons = Counter(r["reason"] for r in d.decisions(ledger.published))
+        in_window = lost_in_kombu_consume_window(ledger, server, stopped_at)
+        window = f"; {len(in_window)} lost in kombu's consume window" if in_window else ""
         row = ledger.result("restart Redis (broker+store) under load", "redis",
                             f"down {downtime:.1f}s; decided {dict(reasons)}; "
-                            f"runs {dict(ledger.workers())}{refusal}")
+                            f"runs {dict(ledger.workers())}{window}{refusal}")
     finally:
         for worker in d.workers:  # stop them before their broker goes away for good
             worker.stop()
         server.close()
-    assert row.lost == 0
+    assert row.lost == len(in_window) <= len(d.workers)
     assert row.published + row.refused == 80
+
+
+def lost_in_kombu_consume_window(ledger: Ledger, server: PrivateRedis, stopped_at: float,
+                                 window_s: float = 2.0) -> list[str]:
+    """Lost tasks that kombu's Redis transport, not the middleware, dropped.
+
+    A Redis consumer pops a message (``BRPOP``) and only then records it as unacknowledged
+    (``HSET``): a server that stops between the two loses that message, with or without
+    celery_aitp (kombu #305; docs/guarantees.md). Such a task was accepted shortly before
+    the server stopped and is held nowhere afterwards: neither in a queue nor among the
+    unacknowledged messages. Each consumer has at most one pop in flight. Any other lost
+    task (published earlier or later, or still held by the broker) is the middleware's.
+    """
+    lost = ledger.pending()
+    held = server.holding(lost)
+    return [task_id for task_id in lost if task_id not in held
+            and stopped_at - window_s <= ledger.published_at[task_id] <= stopped_at]
 
 
 @pytest.mark.parametrize("broker", BROKERS)

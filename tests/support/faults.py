@@ -124,6 +124,20 @@ class PrivateRedis:
         self.stop()
         shutil.rmtree(self.directory, ignore_errors=True)
 
+    def holding(self, task_ids: list[str]) -> set[str]:
+        """Which of ``task_ids`` a list or hash of this server still holds: a queue, or
+        kombu's unacknowledged messages (a stranded task, not a lost one)."""
+        client = redis.Redis(port=self.port, socket_timeout=5)
+        held: set[str] = set()
+        for key in client.scan_iter():
+            kind = client.type(key)
+            values = (client.lrange(key, 0, -1) if kind == b"list"
+                      else client.hvals(key) if kind == b"hash" else [])
+            blob = b"\n".join(values)
+            held.update(t for t in task_ids if t.encode() in blob)
+        client.close()
+        return held
+
 
 @dataclass
 class Ledger:
@@ -134,6 +148,7 @@ class Ledger:
 
     entries: Callable[[], list[str]]
     published: list[str] = field(default_factory=list)
+    published_at: dict[str, float] = field(default_factory=dict)  # unix time
     refused: int = 0
     errors: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -149,6 +164,7 @@ class Ledger:
             return
         with self.lock:
             self.published.append(result.id)
+            self.published_at[result.id] = time.time()
 
     def runs(self) -> list[str]:
         """Task id of every finished run (repeats are duplicates)."""
