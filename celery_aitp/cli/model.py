@@ -54,9 +54,10 @@ def command(ctx: click.Context, as_json: bool) -> None:
                   f"on {meta.get('records', {}).get('used', '?')} runs published "
                   f"{_when(window.get('from'))} .. {_when(window.get('to'))}")
     metrics = meta.get("metrics") or {}
-    rows = [(name, m.get("mae"), m.get("median_ae"), f"{m.get('within_2x', 0):.1%}")
+    rows = [(name, m.get("log_error"), m.get("mae"), m.get("median_ae"),
+             f"{m.get('within_2x', 0):.1%}")
             for name, m in metrics.items() if isinstance(m, dict)]
-    table("validation", ["predictor", "MAE s", "median AE s", "within 2x"], rows)
+    table("validation", ["predictor", "log error", "MAE s", "median AE s", "within 2x"], rows)
     table("promotions", ["version", "trained", "records"],
           [(h.get("version"), _when(h.get("trained_at")), (h.get("records") or {}).get("used"))
            for h in history])

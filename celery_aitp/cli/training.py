@@ -49,9 +49,10 @@ def print_result(result: TrainResult) -> None:
     if not result.scores:
         console.print(f"[yellow]no model[/yellow]: {result.reason}")
         return
-    rows = [(s.name, s.mae, s.median_ae, f"{s.within_2x:.1%}", s.n) for s in result.scores]
+    rows = [(s.name, s.log_error, s.mae, s.median_ae, f"{s.within_2x:.1%}", s.n)
+            for s in result.scores]
     table("validation (newest records, chronological split)",
-          ["predictor", "MAE s", "median AE s", "within 2x", "records"], rows)
+          ["predictor", "log error", "MAE s", "median AE s", "within 2x", "records"], rows)
     if result.p90_coverage is not None:
         console.print(f"p90: {result.p90_coverage:.1%} of runs finished within the predicted p90")
     colour = "green" if result.promotable else "yellow"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from celery_aitp.errors import ModelError
-from celery_aitp.learn.train import TrainResult, current_model_mae
+from celery_aitp.learn.train import TrainResult, current_model_error
 from celery_aitp.predict.model_store import ModelStore
 
 
@@ -23,7 +23,8 @@ def promotion_refusal(models: ModelStore, result: TrainResult,
     """Why ``result``'s model must not become the one in use, or None to promote it.
 
     It must beat the last-two baseline, no model may be pinned, and it must have a lower
-    MAE than the model in use on its own validation records (the newest). A model in use
+    log error (``Scores.log_error``: how many times off, not how many seconds) than the
+    model in use on its own validation records (the newest). A model in use
     that cannot be read or scored (another feature schema) does not block: the new one
     already beat the baseline. ``say`` is told what was compared.
     """
@@ -38,16 +39,17 @@ def promotion_refusal(models: ModelStore, result: TrainResult,
         current = models.read()
         if current is None:
             return None
-        current_mae = current_model_mae(result, current)
+        current_error = current_model_error(result, current)
     except ModelError as exc:
         say(f"the current model cannot be read or scored ({exc}): compared with the "
             "baseline only")
         return None
-    new_mae = result.score("model").mae
-    say(f"on the same validation window: new model MAE {new_mae:.4g}s, "
-        f"current {current.version} {current_mae:.4g}s")
-    if new_mae < current_mae:
+    new_error = result.score("model").log_error
+    say(f"on the same validation window: new model log error {new_error:.3g}, "
+        f"current {current.version} {current_error:.3g}")
+    if new_error < current_error:
         return None
     result.promotable = False
-    result.reason = f"does not beat the current model ({new_mae:.4g}s vs {current_mae:.4g}s)"
+    result.reason = (f"does not beat the current model (log error {new_error:.3g} vs "
+                     f"{current_error:.3g})")
     return f"the current model {current.version} is as good or better on the same window"

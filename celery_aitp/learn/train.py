@@ -21,7 +21,7 @@ time) is held out and both the model and three baselines predict it:
   would have known them at publish time (Tsafrir et al.'s baseline), falling back to
   the per-task mean and then the global median.
 
-The model is promotable only if its mean absolute error beats the last-two baseline.
+The model is promotable only if its log error (how many times off) beats the last-two baseline.
 The promoted model is then refit on all records with the same settings. Never on the
 publish path; never pickled.
 """
@@ -115,17 +115,25 @@ class TrainConfig:
 
 @dataclass
 class Scores:
-    """Error of one predictor on the validation records (seconds)."""
+    """Error of one predictor on the validation records.
+
+    ``mae`` and ``median_ae`` are in seconds; ``log_error`` is the mean of
+    ``|ln(predicted / true)|``, the factor a prediction is off by. Promotion compares
+    ``log_error``: placement ranks tasks by their size, where 10 s taken for 20 s is as
+    wrong as 10 h taken for 20 h, while an error in seconds is decided by the few
+    longest runs.
+    """
 
     name: str
     mae: float
     median_ae: float
     within_2x: float
     n: int
+    log_error: float
 
     def as_dict(self) -> dict[str, Any]:
         return {"mae": self.mae, "median_ae": self.median_ae, "within_2x": self.within_2x,
-                "n": self.n}
+                "log_error": self.log_error, "n": self.n}
 
 
 @dataclass
@@ -148,8 +156,11 @@ def scores(name: str, truth: Sequence[float], predicted: Sequence[float]) -> Sco
     errors = [abs(p - t) for p, t in zip(predicted, truth, strict=True)]
     within = sum(1 for p, t in zip(predicted, truth, strict=True)
                  if _ratio_ok(p, max(t, MIN_RUNTIME_S)))
+    log_errors = [abs(math.log(max(p, MIN_RUNTIME_S) / max(t, MIN_RUNTIME_S)))
+                  for p, t in zip(predicted, truth, strict=True)]
     n = len(truth)
-    return Scores(name, sum(errors) / n, statistics.median(errors), within / n, n)
+    return Scores(name, sum(errors) / n, statistics.median(errors), within / n, n,
+                  sum(log_errors) / n)
 
 
 def _ratio_ok(predicted: float, truth: float) -> bool:
@@ -358,10 +369,11 @@ def train(records: Iterable[Any], config: TrainConfig | None = None,
     predicted, upper = low.tolist(), high.tolist()
     result.scores = [scores("model", truth, predicted), *baseline_scores]
     result.p90_coverage = sum(1 for u, t in zip(upper, truth, strict=True) if t <= u) / len(truth)
-    model_mae, last_two_mae = result.score("model").mae, result.score("last two").mae
-    result.promotable = model_mae < last_two_mae
+    model_error, last_two_error = (result.score("model").log_error,
+                                   result.score("last two").log_error)
+    result.promotable = model_error < last_two_error
     result.reason = (
-        f"model MAE {model_mae:.4g}s vs last-two {last_two_mae:.4g}s: "
+        f"model log error {model_error:.3g} vs last-two {last_two_error:.3g}: "
         + ("promotable" if result.promotable else "does not beat the last-two baseline")
     )
     rounds = chosen[0].best_iteration or chosen[0].num_trees()
@@ -376,10 +388,10 @@ def train(records: Iterable[Any], config: TrainConfig | None = None,
     return result
 
 
-def current_model_mae(result: TrainResult, current: ModelBundle) -> float:
-    """MAE (seconds) of the model in use on the new model's validation records: the same
-    window, so promotion compares like with like. ModelError if it cannot predict them
-    (e.g. another feature schema)."""
+def current_model_error(result: TrainResult, current: ModelBundle) -> float:
+    """Log error (``Scores.log_error``) of the model in use on the new model's validation
+    records: the same window, so promotion compares like with like. ModelError if it
+    cannot predict them (e.g. another feature schema)."""
     from celery_aitp.predict.bundle import base_default, booster_from_text, spec_from_meta
 
     if result.bundle is None:
@@ -390,7 +402,7 @@ def current_model_mae(result: TrainResult, current: ModelBundle) -> float:
                 booster_from_text(current.p90_text, "current p90 model"))
     low, _ = Matrix(spec, valid, base_default(current.meta)).seconds(boosters)
     truth = [o.runtime_s or 0.0 for o in valid]
-    return scores("current model", truth, low.tolist()).mae
+    return scores("current model", truth, low.tolist()).log_error
 
 
 def _bundle(spec: FeatureSpec, dataset: Dataset, boosters: tuple[Any, Any],

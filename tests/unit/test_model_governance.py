@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from celery_aitp.cli.celery_command import aitp
 from celery_aitp.cli.train import train_and_promote
 from celery_aitp.errors import ModelError
-from celery_aitp.learn.train import TrainConfig, current_model_mae, train
+from celery_aitp.learn.train import TrainConfig, current_model_error, train
 from celery_aitp.predict.bundle import ModelBundle
 from celery_aitp.predict.model_store import Actor, ModelStore
 
@@ -110,7 +110,7 @@ def test_promotion_needs_to_beat_the_model_in_use_on_the_same_window(
     # it scores worse there: it must not replace the one in use
     second = train_and_promote(app.aitp, None, None, None, False, show_progress=False,
                                config=config)
-    assert current_model_mae(second, models.read()) <= second.score("model").mae
+    assert current_model_error(second, models.read()) <= second.score("model").log_error
     assert not second.promotable and "current model" in second.reason
     assert models.version() == first.bundle.version
 
@@ -131,3 +131,4 @@ def test_model_commands_pin_rollback_unpin(app, store, trained):
     shown = json.loads(invoke(app, "model", "--json").output)
     assert shown["pinned"] == "v2" and shown["audit"][0]["action"] == "rollback"
     assert shown["kept"] == ["v3", "v2", "v1"]
+

@@ -102,16 +102,40 @@ def test_a_model_that_beats_last_two_is_promotable(trained):
     assert load_bundle(trained.bundle).version == trained.bundle.version
 
 
-def test_a_model_that_does_not_beat_last_two_is_not_promotable(synthetic_records, monkeypatch):
-    def unbeatable(train_part, valid):
-        found = train_module_baselines(train_part, valid)
-        return [*found[:2], Scores("last two", 0.0, 0.0, 1.0, found[2].n)]
+def _last_two_scoring(monkeypatch, mae: float, log_error: float) -> None:
+    """Make the last-two baseline score ``mae`` seconds and ``log_error``."""
+    found_baselines = train_module.baselines
 
-    train_module_baselines = train_module.baselines
-    monkeypatch.setattr(train_module, "baselines", unbeatable)
+    def scored(train_part, valid):
+        found = found_baselines(train_part, valid)
+        return [*found[:2], Scores("last two", mae, mae, 1.0, found[2].n, log_error)]
+
+    monkeypatch.setattr(train_module, "baselines", scored)
+
+
+def test_a_model_that_does_not_beat_last_two_is_not_promotable(synthetic_records, monkeypatch):
+    _last_two_scoring(monkeypatch, mae=0.0, log_error=0.0)
     result = train(synthetic_records[:600], TrainConfig(rounds=10, p90_rounds=3))
     assert result.bundle is not None and not result.promotable
     assert "does not beat the last-two baseline" in result.reason
+
+
+def test_promotion_compares_how_many_times_off_not_how_many_seconds(
+        synthetic_records, monkeypatch):
+    config = TrainConfig(rounds=10, p90_rounds=3)
+    # far off in seconds, never off by a factor: the model does not beat it
+    _last_two_scoring(monkeypatch, mae=1e9, log_error=0.0)
+    assert not train(synthetic_records[:600], config).promotable
+    # exact in seconds on average, off by a large factor: the model beats it
+    _last_two_scoring(monkeypatch, mae=0.0, log_error=50.0)
+    result = train(synthetic_records[:600], config)
+    assert result.promotable and "log error" in result.reason
+
+
+def test_log_error_is_the_mean_factor_off():
+    s = scores("s", [1.0, 4.0], [2.0, 1.0])
+    assert s.log_error == pytest.approx((math.log(2) + math.log(4)) / 2)
+    assert scores("s", [3.0], [3.0]).log_error == 0.0
 
 
 def _history_led_records(n: int = 1500) -> list[dict]:
