@@ -177,12 +177,20 @@ def baselines(train: Sequence[Observation], valid: Sequence[Observation]) -> lis
     task_mean = {task: sum(v) / len(v) for task, v in per_task.items()}
     truth = [o.runtime_s or 0.0 for o in valid]
     by_task = [task_mean.get(o.task, median) for o in valid]
-    last_two = [o.history[0] if o.history else task_mean.get(o.task, median) for o in valid]
+    last_two = [_last_two_or(o, task_mean.get(o.task, median)) for o in valid]
     return [
         scores("global median", truth, [median] * len(valid)),
         scores("per-task mean", truth, by_task),
         scores("last two", truth, last_two),
     ]
+
+
+def _last_two_or(observation: Observation, fallback: float) -> float:
+    """The mean of the (tenant, task)'s last two runs, or ``fallback`` while it has none.
+    A history may hold only the tenant's other tasks (its pair fields are NaN): a NaN
+    here made every error NaN, and no model ever beat the baseline."""
+    value = observation.history[0] if observation.history else math.nan
+    return value if value == value else fallback
 
 
 class Matrix:

@@ -93,6 +93,22 @@ def test_baselines_on_a_hand_made_example():
     assert scores("s", [1.0, 4.0], [1.9, 1.0]).within_2x == 0.5
 
 
+def test_a_tenants_new_task_falls_back_to_the_task_mean_in_the_last_two_baseline():
+    # the pair (a, y) has no run yet, the tenant has: its history's pair fields are NaN
+    records = [
+        {**GOOD, "task": "x", "published_at": 0.0, "runtime_s": 1.0},
+        {**GOOD, "task": "y", "published_at": 5.0, "runtime_s": 4.0},
+        {**GOOD, "task": "x", "published_at": 10.0, "runtime_s": 3.0},
+        {**GOOD, "task": "y", "published_at": 30.0, "runtime_s": 6.0},
+    ]
+    observations = build_dataset(records).observations
+    new_pair = observations[1]
+    assert new_pair.history is not None and math.isnan(new_pair.history[0])
+    _, per_task, last_two = baselines(observations[:1] + observations[1:2], [new_pair])
+    assert not math.isnan(last_two.mae) and not math.isnan(last_two.log_error)
+    assert last_two.mae == pytest.approx(per_task.mae) == pytest.approx(0.0)  # y's mean: 4
+
+
 def test_a_model_that_beats_last_two_is_promotable(trained):
     assert trained.promotable and trained.bundle is not None
     model, last_two = trained.score("model"), trained.score("last two")
