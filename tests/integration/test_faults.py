@@ -196,7 +196,7 @@ def lost_in_kombu_consume_window(ledger: Ledger, server: PrivateRedis, stopped_a
 
     A Redis consumer pops a message (``BRPOP``) and only then records it as unacknowledged
     (``HSET``): a server that stops between the two loses that message, with or without
-    celery_aitp (kombu #305; docs/guarantees.md). Such a task was accepted shortly before
+    celery_aitp (docs/guarantees.md). Such a task was accepted shortly before
     the server stopped and is held nowhere afterwards: neither in a queue nor among the
     unacknowledged messages. Each consumer has at most one pop in flight. Any other lost
     task (published earlier or later, or still held by the broker) is the middleware's.
