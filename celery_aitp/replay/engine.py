@@ -10,6 +10,12 @@ only when it is free (prefetch 1 with late acks, the AITP worker default). An ar
 task goes to the idle worker that has been blocked longest, as Redis serves blocked
 BRPOP clients in order.
 
+A worker that keeps processes for its higher tiers (:mod:`celery_aitp.worker.reserve`)
+asks the worker's own :class:`~celery_aitp.worker.reserve.Reserve` before each read, on
+the simulated clock: it sees exact waits where the real worker samples them every
+quarter second, and it is woken when the reserve would let go by time alone (its oldest
+lowest-tier task reaches the longest wait, or no higher tier was read for that long).
+
 Everything is plain lists, tuples and ``heapq``: no object per event. Ties are broken
 by sequence numbers, so a run is deterministic.
 """
@@ -21,8 +27,12 @@ import math
 from bisect import bisect
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from kombu.utils.scheduling import cycle_by_name, priority_cycle
+
+from celery_aitp.worker.reserve import Reserve
+from celery_aitp.worker.tier_cycle import STRATEGY, WeightedTierCycle
 
 #: kombu's Redis priority steps: a message priority rounds down to one; lower is read first.
 PRIORITY_STEPS = (0, 3, 6, 9)
@@ -39,13 +49,29 @@ def priority_step(priority: int) -> int:
     return PRIORITY_STEPS[bisect(PRIORITY_STEPS, priority) - 1]
 
 
+#: How long after the reserve would let go a wake-up comes (so the wait has passed it).
+WAKE_AFTER_S = 1e-6
+
+
+@dataclass(frozen=True)
+class KeptProcesses:
+    """A simulated worker's reserve: ``kept`` processes the ``lowest`` queues may not all
+    hold (``reserve`` in the policy)."""
+
+    lowest: frozenset[str]
+    kept: int
+    max_wait_runs: float
+
+
 class SimWorker:
     """One simulated worker: the queues it reads, in order, and its concurrency."""
 
-    __slots__ = ("name", "accelerator", "queues", "slots", "strategy", "overhead_s")
+    __slots__ = ("name", "accelerator", "queues", "slots", "strategy", "overhead_s",
+                 "reserve")
 
     def __init__(self, name: str, accelerator: str, queues: Sequence[str], slots: int,
-                 strategy: str = "priority", overhead_s: float | None = None) -> None:
+                 strategy: str = "priority", overhead_s: float | None = None,
+                 reserve: KeptProcesses | None = None) -> None:
         if slots < 1:
             raise ValueError(f"worker {name}: slots must be at least 1, got {slots}")
         self.name = name
@@ -54,6 +80,7 @@ class SimWorker:
         self.slots = slots
         self.strategy = strategy
         self.overhead_s = overhead_s  # None: the engine's
+        self.reserve = reserve
 
 
 class Outcome:
@@ -73,6 +100,16 @@ class Outcome:
 
     def label_of(self, i: int) -> str:
         return self.label_names[self.labels[i]]
+
+
+class _Request:
+    """A lowest-tier run as the reserve sees a Celery request (its id and queue)."""
+
+    __slots__ = ("id", "delivery_info")
+
+    def __init__(self, task: int, queue: str) -> None:
+        self.id = task
+        self.delivery_info = {"routing_key": queue}
 
 
 class _Run:
@@ -101,12 +138,28 @@ class _Run:
             cycle.update(list(worker.queues))
             self.cycles.append(cycle)
         self.static = [type(c).rotate is priority_cycle.rotate for c in self.cycles]
-        self.orders = [self._order(w) for w in range(len(self.workers))]
         self.free = [w.slots for w in self.workers]
         self.blocked_since = [0.0] * len(self.workers)
         self.label_index: dict[str, int] = {}
         self.heap: list[tuple[float, int, int, int]] = []  # (finish, seq, worker, task)
         self.seq = 0
+        self.now = 0.0
+        self.running: list[dict[int, _Request]] = [{} for _ in self.workers]  # lowest tier
+        self.higher_read_at = [-math.inf] * len(self.workers)
+        self.reserves = [self._reserve(w, worker) for w, worker in enumerate(self.workers)]
+        self.orders = [self._order(w) for w in range(len(self.workers))]
+
+    def _reserve(self, w: int, worker: SimWorker) -> Reserve | None:
+        plan = worker.reserve
+        if plan is None:
+            return None
+        cycle = self.cycles[w]
+        if not isinstance(cycle, WeightedTierCycle):
+            raise ValueError(f"worker {worker.name}: a reserve needs the weighted tier "
+                             f"order ({STRATEGY}), not {worker.strategy}")
+        cycle.reserve = Reserve(plan.lowest, worker.slots, plan.kept, plan.max_wait_runs,
+                                requests=self.running[w].values, clock=lambda: self.now)
+        return cycle.reserve
 
     def _deque(self, queue: str, step: int) -> deque[int]:
         found = self.deques.get((queue, step))
@@ -116,9 +169,43 @@ class _Run:
         return found
 
     def _order(self, w: int) -> list[deque[int]]:
+        return [self._deque(q, s) for s in self.steps for q in self._names(w)]
+
+    def _names(self, w: int) -> list[str]:
+        """The queues worker ``w`` reads next, in order, as its cycle (and the reserve the
+        cycle asks) says."""
+        reserve = self.reserves[w]
+        if reserve is not None:  # what the worker's sampler would have found
+            reserve.holds()  # whether it watches the lowest tier now
+            if reserve.watching:
+                reserve.sampled(*self._lowest_wait(w, reserve))
+            else:
+                reserve.sampled(0.0)
         cycle = self.cycles[w]
-        names = cycle.consume(len(cycle.items))
-        return [self._deque(q, s) for s in self.steps for q in names]
+        return cycle.consume(len(cycle.items))
+
+    def _lowest_wait(self, w: int, reserve: Reserve) -> tuple[float, int]:
+        """(oldest wait, tasks waiting) of the lowest tier's queues worker ``w`` reads."""
+        oldest, waiting = 0.0, 0
+        for (queue, _), dq in self.deques.items():
+            if dq and queue in reserve.lowest:
+                waiting += len(dq)
+                oldest = max(oldest, self.now - self.published[dq[0]])
+        return oldest, waiting
+
+    def _wake_when_let_go(self, w: int) -> None:
+        """Wake worker ``w`` when its reserve would let a waiting lowest-tier task in by
+        time alone (no other event may come before)."""
+        reserve = self.reserves[w]
+        if reserve is None or not self.free[w] or not reserve.holds():
+            return
+        oldest, waiting = self._lowest_wait(w, reserve)
+        if not waiting:
+            return
+        wait = reserve.max_wait_s
+        at = min(self.now + wait - oldest, self.higher_read_at[w] + wait) + WAKE_AFTER_S
+        self.seq += 1
+        heapq.heappush(self.heap, (max(at, self.now), self.seq, w, -1))
 
     def _label(self, label: str) -> int:
         li = self.label_index.get(label)
@@ -128,6 +215,7 @@ class _Run:
         return li
 
     def arrive(self, task: int, now: float) -> None:
+        self.now = now
         queue, priority, label = self.route(task, now)
         self.out.labels[task] = self._label(label)
         self.out.queues[task] = queue
@@ -138,7 +226,7 @@ class _Run:
         free, blocked = self.free, self.blocked_since
         w = -1
         for r in readers:
-            if free[r] and (w < 0 or blocked[r] < blocked[w]):
+            if free[r] and (w < 0 or blocked[r] < blocked[w]) and self._reads(r, queue):
                 w = r
         if w >= 0:
             self._rotated(w, queue)
@@ -150,28 +238,62 @@ class _Run:
             self.steps.sort()
             self.orders = [self._order(w) for w in range(len(self.workers))]
         self._deque(queue, step).append(task)
+        for r in readers:
+            self._wake_when_let_go(r)
+
+    def _reads(self, w: int, queue: str) -> bool:
+        """Whether worker ``w``'s next read includes ``queue`` (its reserve may leave the
+        lowest tier out)."""
+        reserve = self.reserves[w]
+        return reserve is None or queue not in reserve.lowest or queue in self._names(w)
 
     def _rotated(self, w: int, queue: str) -> None:
         if not self.static[w]:
             self.cycles[w].rotate(queue)
             self.orders[w] = self._order(w)
 
-    def slot_freed(self, w: int, now: float) -> None:
+    def finished(self, w: int, task: int, now: float) -> None:
+        self.now = now
+        reserve = self.reserves[w]
+        if reserve is not None and self.running[w].pop(task, None) is not None:
+            reserve.holds()  # times the run that ended
         self.free[w] += 1
-        if self.free[w] == 1 and not self.static[w]:
+        self.read(w, now)
+
+    def woken(self, w: int, now: float) -> None:
+        """The reserve may let go now: the worker's next poll reads again."""
+        self.now = now
+        if self.free[w]:
+            self.read(w, now)
+
+    def read(self, w: int, now: float) -> None:
+        """Worker ``w`` has a free slot: it reads the first waiting task in its order."""
+        kept = self.reserves[w] is not None
+        if kept or (self.free[w] == 1 and not self.static[w]):
             self.orders[w] = self._order(w)  # no read was pending: a new BRPOP, a new order
         for dq in self.orders[w]:
             if dq:
                 task = dq.popleft()
                 self._rotated(w, self.queue_of[id(dq)])
                 self.start(task, w, now)
+                if kept and self.free[w]:
+                    self.read(w, now)  # the reserve may let another slot read
                 return
         if self.free[w] == 1:
             self.blocked_since[w] = now  # its BRPOP starts waiting now
+        self._wake_when_let_go(w)
 
     def start(self, task: int, w: int, now: float) -> None:
         self.out.started[task] = now
         self.out.worker[task] = w
+        reserve = self.reserves[w]
+        if reserve is not None:  # its cycle's rotate tells it of the read
+            queue = self.out.queues[task]
+            if queue in reserve.lowest:
+                self.running[w][task] = _Request(task, queue)
+                reserve.holds()  # times the run from its start
+            else:
+                self.higher_read_at[w] = now
         self.free[w] -= 1
         if self.free[w]:
             self.blocked_since[w] = now  # it issues its next BRPOP right away
@@ -194,20 +316,24 @@ class Engine:
         """Simulate every task to completion; ``published`` must be sorted."""
         state = _Run(self, published, runtime, route)
         heap, n = state.heap, len(published)
-        pop, arrive, freed = heapq.heappop, state.arrive, state.slot_freed
+        pop, arrive, finished = heapq.heappop, state.arrive, state.finished
         started = state.out.started
         i = 0
-        now = published[0] if n else 0.0
+        now = last = published[0] if n else 0.0
         while i < n or heap:
             if heap and (i >= n or heap[0][0] <= published[i]):
                 now, _, w, done = pop(heap)
+                if done < 0:
+                    state.woken(w, now)
+                    continue
                 if on_complete is not None:
                     on_complete(done, started[done], now)
-                freed(w, now)
+                finished(w, done, now)
+                last = now
             else:
-                now = published[i]
+                now = last = published[i]
                 arrive(i, now)
                 i += 1
         out = state.out
-        out.makespan_s = now - published[0] if n else 0.0
+        out.makespan_s = last - published[0] if n else 0.0
         return out

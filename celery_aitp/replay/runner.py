@@ -14,7 +14,7 @@ from typing import Any
 from celery_aitp.policy import Policy
 from celery_aitp.predict.history import HistorySink
 from celery_aitp.publish.pipeline import Pipeline
-from celery_aitp.replay.engine import Engine, Outcome, SimWorker
+from celery_aitp.replay.engine import Engine, KeptProcesses, Outcome, SimWorker
 from celery_aitp.replay.feed import SourceFeed, StoreFactory, WorkerSide
 from celery_aitp.replay.metrics import (
     TAU_S,
@@ -39,7 +39,7 @@ from celery_aitp.replay.trace import Trace
 from celery_aitp.replay.trainer import SimTrainer, TrainerSettings
 from celery_aitp.store import RedisStore
 from celery_aitp.telemetry.counters import Counters
-from celery_aitp.worker import tier_cycle
+from celery_aitp.worker import reserve, tier_cycle
 from celery_aitp.worker.ledger import RunLedger
 from celery_aitp.worker.observe import record_run
 
@@ -122,6 +122,9 @@ class ReplayConfig:
     #: retrain the runtime model as ``celery aitp trainer`` would, in the policies' runs
     #: (not the cold start's, nor the oracle's); None: the model stays as it started
     trainer: TrainerSettings | None = None
+    #: workers keep the policy's reserve for their higher tiers, as AITP workers on Redis
+    #: do (worker/reserve.py); False: every process reads every tier
+    reserve: bool = True
 
 
 def _observation(router: PipelineRouter, i: int, started: float) -> dict[str, Any]:
@@ -158,6 +161,15 @@ def _promoted(router: PipelineRouter | None) -> int:
         return 0
     return sum(part.promoted for part in router.feed.worker_side
                if isinstance(part, SimTrainer))
+
+
+def kept_processes(policy: Policy, queues: Sequence[str], slots: int) -> KeptProcesses | None:
+    """The reserve a real AITP worker reading ``queues`` with ``slots`` processes keeps."""
+    lowest = reserve.reserved_queues(policy, queues, slots)
+    if not lowest:
+        return None
+    return KeptProcesses(frozenset(lowest), policy.reserve.processes,
+                         policy.reserve.max_wait_runs)
 
 
 def consumption(policy: Policy, queues: Sequence[str], requested: str) -> tuple[str, bool]:
@@ -214,6 +226,8 @@ class Replay:
                                         cfg.strategy)
         for worker in workers:
             worker.strategy = strategy
+            if cfg.reserve and strategy == tier_cycle.STRATEGY:
+                worker.reserve = kept_processes(test.policy, worker.queues, worker.slots)
         stores = test.stores or cfg.store_factory
         worker_side: list[WorkerSide] = [WorkerRuns(test.policy, clock)]
         if cfg.trainer is not None and test.kind == "policy" and not oracle:

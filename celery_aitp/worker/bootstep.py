@@ -21,7 +21,6 @@ from celery_aitp.deployment import store_url_for
 from celery_aitp.errors import PolicyError, StoreError
 from celery_aitp.layout import physical_groups
 from celery_aitp.policy import Policy
-from celery_aitp.priority_policy import TierOrder
 from celery_aitp.queues import served_queues
 from celery_aitp.redact import redact
 from celery_aitp.scheduling.feedback import FeedbackPass
@@ -211,9 +210,8 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         order, enough processes, and queues of the lowest tier and of a higher one."""
         policy = self.middleware.policy
         kept = policy.reserve.processes
-        lowest = reserve.lowest_tier_queues(policy, names)
-        if (not kept or policy.tier_order is not TierOrder.WEIGHTED
-                or self.concurrency < kept + 2 or not lowest or len(lowest) == len(names)):
+        lowest = reserve.reserved_queues(policy, names, self.concurrency)
+        if not lowest:
             tier_cycle.set_reserve(None)
             return False
         self._reserve = reserve.Reserve(lowest, self.concurrency, kept,

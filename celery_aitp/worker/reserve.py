@@ -50,6 +50,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from celery_aitp.policy import Policy
+from celery_aitp.priority_policy import TierOrder
 from celery_aitp.queues import parse_tier_queue
 from celery_aitp.redact import redact
 from celery_aitp.worker.janitor import BrokerQueuePass
@@ -68,6 +69,20 @@ def lowest_tier_queues(policy: Policy, queues: Iterable[str]) -> list[str]:
     that tier included)."""
     lowest = policy.tier_names[-1]
     return [q for q in queues if (parsed := parse_tier_queue(q)) and parsed[2] == lowest]
+
+
+def reserved_queues(policy: Policy, queues: Collection[str], processes: int) -> list[str]:
+    """The lowest tier's queues a worker reading ``queues`` with ``processes`` keeps a
+    reserve against, or [] when it keeps none: the policy keeps processes, the worker
+    reads in the weighted order, has ``reserve.processes + 2`` processes or more, and
+    reads queues of the lowest tier and of a higher one (the worker's bootstep and the
+    replay both ask here)."""
+    kept = policy.reserve.processes
+    lowest = lowest_tier_queues(policy, queues)
+    if (not kept or policy.tier_order is not TierOrder.WEIGHTED
+            or processes < kept + 2 or len(lowest) == len(queues)):
+        return []
+    return lowest
 
 
 def running_requests() -> list[Any]:

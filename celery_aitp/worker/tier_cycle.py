@@ -234,6 +234,9 @@ class WeightedTierCycle:
     """A kombu queue-order strategy (``update`` / ``consume`` / ``rotate``)."""
 
     def __init__(self, it: Any = None) -> None:
+        #: The reserve this cycle's reads ask; None: the worker's (:func:`set_reserve`).
+        #: The replay gives each simulated worker its own.
+        self.reserve: Reserve | None = None
         self.items: list[str] = []
         self.passes: dict[str, float] = {}
         self._offered: list[str] = []
@@ -251,7 +254,7 @@ class WeightedTierCycle:
         index = {q: i for i, q in enumerate(self.items)}
         order = sorted(self.items, key=lambda q: (self.passes.get(q, 0.0), -weight_of(q),
                                                   index[q]))
-        reserve = _reserve
+        reserve = self.reserve or _reserve
         if reserve is not None:  # see worker/reserve.py
             if reserve.holds():  # a process kept for the higher tiers
                 order = [q for q in order if q not in reserve.lowest] or order
@@ -264,8 +267,9 @@ class WeightedTierCycle:
     def rotate(self, last_used: str) -> str:
         """Charge the served queue; queues offered before it were empty: no credit, and
         their next message waits one of their own steps behind the served queue."""
-        if _reserve is not None:
-            _reserve.read(last_used)
+        reserve = self.reserve or _reserve
+        if reserve is not None:
+            reserve.read(last_used)
         passes = self.passes
         base = passes.get(last_used)
         if base is None:

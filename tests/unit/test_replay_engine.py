@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from celery_aitp.replay.engine import Engine, SimWorker, priority_step
+from celery_aitp.replay.engine import Engine, KeptProcesses, SimWorker, priority_step
+from celery_aitp.worker import tier_cycle
 
 
 def fixed(queues: dict[int, str], priorities: dict[int, int] | None = None):
@@ -103,3 +104,46 @@ def test_bad_workers_are_refused():
         SimWorker("w", "cpu", ["q"], slots=0)
     with pytest.raises(ValueError, match="at least one"):
         Engine([])
+
+
+def reserve_worker(slots: int = 3, kept: int | None = 1) -> SimWorker:
+    """A worker reading hi then lo in the weighted tier order, keeping ``kept`` of its
+    processes from the lo tier (None: no reserve)."""
+    plan = None if kept is None else KeptProcesses(frozenset({"lo"}), kept, 1.5)
+    return SimWorker("w", "cpu", ["hi", "lo"], slots, tier_cycle.STRATEGY, reserve=plan)
+
+
+#: lo0 is timed (1 s: the longest wait becomes 1.5 s), hi1 is read at 1.0, three long
+#: lo tasks come at 1.1, and a short hi task at 1.5
+RESERVE_CASE = ({0: "lo", 1: "hi", 2: "lo", 3: "lo", 4: "lo", 5: "hi"},
+                [0.0, 1.0, 1.1, 1.1, 1.1, 1.5], [1.0, 0.05, 10.0, 10.0, 10.0, 0.05])
+
+
+def test_a_kept_process_runs_the_short_task_and_the_held_one_starts_after_its_longest_wait():
+    queues, published, runtime = RESERVE_CASE
+    out = run([reserve_worker()], published, runtime, fixed(queues))
+    assert out.started[2] == out.started[3] == 1.1  # two of three processes for lo
+    assert out.started[5] == 1.5  # the kept process: the short task does not wait
+    # the third lo task is woken when it has waited the longest wait (1.5 mean runs)
+    assert out.started[4] == pytest.approx(1.1 + 1.5, abs=1e-3)
+
+
+def test_without_the_reserve_the_short_task_waits_for_a_long_run():
+    queues, published, runtime = RESERVE_CASE
+    out = run([reserve_worker(kept=None)], published, runtime, fixed(queues))
+    assert out.started[4] == 1.1
+    assert out.started[5] == pytest.approx(11.1)
+
+
+def test_the_reserve_lets_go_once_no_higher_tier_was_read_for_the_longest_wait():
+    # no short task at 1.5: the last higher read (1.0) lets go at 2.5, before the wait
+    queues, published, runtime = RESERVE_CASE
+    out = run([reserve_worker()], published[:5], runtime[:5], fixed(queues))
+    assert out.started[4] == pytest.approx(1.0 + 1.5, abs=1e-3)
+
+
+def test_the_reserve_needs_the_weighted_tier_order():
+    worker = SimWorker("w", "cpu", ["hi", "lo"], 3, "priority",
+                       reserve=KeptProcesses(frozenset({"lo"}), 1, 1.5))
+    with pytest.raises(ValueError, match="weighted tier order"):
+        run([worker], [0.0], [1.0], fixed({0: "lo"}))

@@ -9,12 +9,13 @@ import pytest
 from celery_aitp.core.request import Request
 from celery_aitp.policy import parse_policy
 from celery_aitp.publish.pipeline import Pipeline, default_stages
-from celery_aitp.replay.routers import ORACLE_HEADER, OraclePredictStage
+from celery_aitp.replay.routers import ORACLE_HEADER, OraclePredictStage, policy_workers
 from celery_aitp.replay.runner import (
     PolicyUnderTest,
     Replay,
     ReplayConfig,
     infer_slots,
+    kept_processes,
     parse_slots,
 )
 from celery_aitp.replay.trace import from_records
@@ -317,3 +318,26 @@ def test_the_simulated_trainer_runs_when_due_with_enough_new_runs(synthetic_reco
     now[0] = 1200.0
     trainer.flush(store)  # the same runs again: not better than the model in use
     assert models.version() == first and trainer.promoted == 1
+
+
+def test_policy_workers_keep_the_reserve_a_real_worker_keeps():
+    queues = policy_workers(POLICY, {"cpu": 4}, "celery")[0].queues
+    plan = kept_processes(POLICY, queues, 4)
+    assert plan is not None and plan.kept == POLICY.reserve.processes
+    assert plan.lowest and all(q.endswith("." + POLICY.tier_names[-1]) for q in plan.lowest)
+    assert kept_processes(POLICY, queues, 2) is None  # fewer than kept + 2 processes
+    off = parse_policy({**TEST_POLICY, "reserve": {"processes": 0}})
+    assert kept_processes(off, queues, 4) is None
+
+
+def test_a_replayed_worker_keeps_a_process_for_the_short_task():
+    # three processes; three long lo tasks arrive once a lo run was timed and hi was read
+    records = [rec("batch", "globex", 0.0, 1.0, tier="lo"),
+               rec("urgent", "acme", 1.0, 0.05),
+               *[rec("batch", "globex", 1.1, 10.0, tier="lo") for _ in range(3)],
+               rec("urgent", "acme", 1.5, 0.05)]
+    kept = waits(replay(records, slots={"cpu": 3}), "p")
+    assert kept[5] == 0.0  # a process was kept: the short task does not wait
+    assert 1.0 < kept[4] < 2.0  # the third long task waited at most the longest wait
+    shared = waits(replay(records, slots={"cpu": 3}, reserve=False), "p")
+    assert shared[4] == 0.0 and shared[5] > 9.0
