@@ -103,7 +103,7 @@ class Outcome:
 
 
 class _Request:
-    """A lowest-tier run as the reserve sees a Celery request (its id and queue)."""
+    """A run as the reserve sees a Celery request (its id and queue)."""
 
     __slots__ = ("id", "delivery_info")
 
@@ -144,7 +144,7 @@ class _Run:
         self.heap: list[tuple[float, int, int, int]] = []  # (finish, seq, worker, task)
         self.seq = 0
         self.now = 0.0
-        self.running: list[dict[int, _Request]] = [{} for _ in self.workers]  # lowest tier
+        self.running: list[dict[int, _Request]] = [{} for _ in self.workers]
         self.higher_read_at = [-math.inf] * len(self.workers)
         self.reserves = [self._reserve(w, worker) for w, worker in enumerate(self.workers)]
         self.orders = [self._order(w) for w in range(len(self.workers))]
@@ -289,10 +289,9 @@ class _Run:
         reserve = self.reserves[w]
         if reserve is not None:  # its cycle's rotate tells it of the read
             queue = self.out.queues[task]
-            if queue in reserve.lowest:
-                self.running[w][task] = _Request(task, queue)
-                reserve.holds()  # times the run from its start
-            else:
+            self.running[w][task] = _Request(task, queue)
+            reserve.holds()  # times the run from its start
+            if queue not in reserve.lowest:
                 self.higher_read_at[w] = now
         self.free[w] -= 1
         if self.free[w]:

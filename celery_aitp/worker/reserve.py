@@ -4,7 +4,11 @@ Tiers are size classes (docs/placement.md), so a worker's lowest tier holds its 
 tasks. When they fill every process, a short task that arrives waits for a long run to
 end; no order of the queue avoids that wait, since a run is never interrupted. So an
 AITP worker on Redis with ``c`` processes (``c >= processes + 2``) starts a lowest-tier
-task only while fewer than ``c - reserve.processes`` of its processes run one. The
+task only while fewer than ``c - reserve.processes`` of its processes run long work: a
+lowest-tier task, or any other that has already run as long as the worker's mean
+lowest-tier run (its short prediction proved wrong, and it holds the process as long
+work would: trace replay, HPC2N, the first model kept, mean slowdown 102 -> 90;
+docs/performance.md). The
 weighted tier order (:mod:`~celery_aitp.worker.tier_cycle`) leaves the lowest tier's
 queues out of a read while the reserve holds.
 
@@ -107,7 +111,7 @@ class Reserve:
                  max_wait_runs: float, requests: Callable[[], Iterable[Any]] = running_requests,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.lowest = frozenset(lowest)
-        self.limit = processes - kept  # lowest-tier runs allowed at once
+        self.limit = processes - kept  # long runs allowed at once
         self.max_wait_runs = max_wait_runs
         self.requests = requests
         self.clock = clock
@@ -122,7 +126,7 @@ class Reserve:
         self.watching = False
         self._higher_read_at = -math.inf
         self._lowest_read_at = -math.inf
-        self._started: dict[Any, float] = {}  # lowest-tier request -> its start
+        self._started: dict[Any, tuple[float, bool]] = {}  # request -> (start, lowest)
         self._lock = threading.Lock()
 
     @property
@@ -166,19 +170,26 @@ class Reserve:
         self.waiting = waiting
 
     def _track(self, now: float) -> int:
-        """Count the lowest-tier runs, timing each from its start (Celery's ``time_start``,
-        else first seen here) to the first read after it ended."""
-        seen = {getattr(r, "id", None) or id(r): r for r in self.requests()
-                if _queue_of(r) in self.lowest}  # by task id: an object's id() is reused
+        """Count the long runs: the lowest tier's, and any other that has run as long as
+        the mean lowest-tier run (a short prediction that proved wrong holds a process
+        as long work does). Each run is timed from its start (Celery's ``time_start``,
+        else first seen here); a lowest-tier run's end (the first read after it) feeds
+        the mean."""
+        # by task id: an object's id() is reused
+        seen = {getattr(r, "id", None) or id(r): r for r in self.requests()}
         started = self._started
         for key in [k for k in started if k not in seen]:
-            self._observe(now - started.pop(key))
+            at, lowest = started.pop(key)
+            if lowest:
+                self._observe(now - at)
         for key, request in seen.items():
             if key not in started:
                 began = getattr(request, "time_start", None)
-                started[key] = now - max(0.0, time.time() - began) \
-                    if isinstance(began, float) else now
-        return len(seen)
+                at = now - max(0.0, time.time() - began) if isinstance(began, float) else now
+                started[key] = (at, _queue_of(request) in self.lowest)
+        mean = self.mean_runtime_s
+        long_after = math.inf if mean is None else mean
+        return sum(1 for at, lowest in started.values() if lowest or now - at >= long_after)
 
     def _observe(self, runtime_s: float) -> None:
         mean = self.mean_runtime_s

@@ -259,6 +259,24 @@ def test_other_queues_runs_are_not_counted_as_lowest_tier_runs(setup):
     assert not reserve.holds()
 
 
+def test_a_higher_tier_run_as_long_as_the_mean_lowest_tier_run_counts_as_long_work(setup):
+    reserve, held, clock = setup
+    time_one_lowest_run(reserve, held, clock, 1.0)
+    reserve.read(HI)
+    mispredicted = request(HI)
+    held.extend([request(LO), request(LO), mispredicted])
+    assert not reserve.holds()  # two long runs and a fresh short one: a third may start
+    clock.now += 0.9
+    reserve.read(HI)
+    assert not reserve.holds()  # still shorter than the mean lowest-tier run
+    clock.now += 0.2
+    reserve.read(HI)
+    assert reserve.holds()  # it has run as long as long work: the last process is kept
+    held.remove(mispredicted)
+    assert not reserve.holds()
+    assert reserve.mean_runtime_s == pytest.approx(1.0)  # only lowest-tier runs time it
+
+
 def test_lowest_tier_queues_include_the_lowest_tiers_lane():
     policy = parse_policy({"tenants": {"default": {}}, "tenant_classes": {"std": {}}})
     queues = ["aitp.std.cpu.hi", "aitp.std.cpu.lo", "aitp.std~over.cpu.mid",
