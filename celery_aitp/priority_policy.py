@@ -133,8 +133,9 @@ class ReserveSettings(_Section):
 
     processes: int = Field(
         default=1, ge=0, le=1024,
-        description="Processes of each worker (with at least this many + 2) that "
-                    "lowest-tier tasks may not all hold while higher tiers have work; 0 "
+        description="Processes of each worker (with at least this many + 2) that long "
+                    "work (lowest-tier tasks, and runs that lasted as long) may not all "
+                    "hold while higher tiers have work; 0 "
                     "turns the reserve off.")
     max_wait_runs: float = Field(
         default=1.5, gt=0, le=1000,
