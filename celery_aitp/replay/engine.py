@@ -145,7 +145,6 @@ class _Run:
         self.seq = 0
         self.now = 0.0
         self.running: list[dict[int, _Request]] = [{} for _ in self.workers]
-        self.higher_read_at = [-math.inf] * len(self.workers)
         self.reserves = [self._reserve(w, worker) for w, worker in enumerate(self.workers)]
         self.orders = [self._order(w) for w in range(len(self.workers))]
 
@@ -157,6 +156,9 @@ class _Run:
         if not isinstance(cycle, WeightedTierCycle):
             raise ValueError(f"worker {worker.name}: a reserve needs the weighted tier "
                              f"order ({STRATEGY}), not {worker.strategy}")
+        if not 0 < plan.kept < worker.slots:
+            raise ValueError(f"worker {worker.name}: a reserve keeps 1 to {worker.slots - 1} "
+                             f"of its {worker.slots} slots, not {plan.kept}")
         cycle.reserve = Reserve(plan.lowest, worker.slots, plan.kept, plan.max_wait_runs,
                                 requests=self.running[w].values, clock=lambda: self.now)
         return cycle.reserve
@@ -202,8 +204,7 @@ class _Run:
         oldest, waiting = self._lowest_wait(w, reserve)
         if not waiting:
             return
-        wait = reserve.max_wait_s
-        at = min(self.now + wait - oldest, self.higher_read_at[w] + wait) + WAKE_AFTER_S
+        at = reserve.lets_go_at(oldest) + WAKE_AFTER_S
         self.seq += 1
         heapq.heappush(self.heap, (max(at, self.now), self.seq, w, -1))
 
@@ -288,11 +289,8 @@ class _Run:
         self.out.worker[task] = w
         reserve = self.reserves[w]
         if reserve is not None:  # its cycle's rotate tells it of the read
-            queue = self.out.queues[task]
-            self.running[w][task] = _Request(task, queue)
+            self.running[w][task] = _Request(task, self.out.queues[task])
             reserve.holds()  # times the run from its start
-            if queue not in reserve.lowest:
-                self.higher_read_at[w] = now
         self.free[w] -= 1
         if self.free[w]:
             self.blocked_since[w] = now  # it issues its next BRPOP right away

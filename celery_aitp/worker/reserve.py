@@ -146,6 +146,14 @@ class Reserve:
             self.watching = self.capped or (busy and now - self._lowest_read_at >= wait / 2)
             return self.capped and self.oldest_wait_s < wait and self.waiting <= self.limit
 
+    def lets_go_at(self, oldest_wait_s: float) -> float:
+        """When, on this reserve's clock, :meth:`holds` turns false by time alone: the
+        oldest lowest-tier task (``oldest_wait_s`` old now) reaches the longest wait, or
+        no higher tier has been read for that long (inf: no runs timed yet). The replay
+        wakes a simulated worker then; a real one polls every :data:`SAMPLE_S`."""
+        wait = self.max_wait_s
+        return min(self.clock() + wait - oldest_wait_s, self._higher_read_at + wait)
+
     def overdue(self) -> bool:
         """Whether the lowest tier's oldest task has waited ``max_wait_s`` while the tier
         runs on fewer than its share of processes: the next read offers it first. At its

@@ -147,3 +147,18 @@ def test_the_reserve_needs_the_weighted_tier_order():
                        reserve=KeptProcesses(frozenset({"lo"}), 1, 1.5))
     with pytest.raises(ValueError, match="weighted tier order"):
         run([worker], [0.0], [1.0], fixed({0: "lo"}))
+
+
+@pytest.mark.parametrize("kept", [0, 3])
+def test_a_reserve_must_leave_the_lowest_tier_a_slot_and_keep_one(kept):
+    with pytest.raises(ValueError, match="keeps 1 to 2 of its 3 slots"):
+        run([reserve_worker(kept=kept)], [0.0], [1.0], fixed({0: "lo"}))
+
+
+def test_a_wake_up_after_the_last_run_does_not_stretch_the_makespan():
+    # the held lo task starts when a short lo run ends (1.3), long before its wake-up (2.5)
+    queues = {0: "lo", 1: "hi", 2: "lo", 3: "lo", 4: "lo"}
+    out = run([reserve_worker()], [0.0, 1.0, 1.1, 1.1, 1.1], [1.0, 0.05, 0.2, 0.2, 0.2],
+              fixed(queues))
+    assert out.started[4] == pytest.approx(1.3)
+    assert out.makespan_s == pytest.approx(1.5)

@@ -277,6 +277,17 @@ def test_a_higher_tier_run_as_long_as_the_mean_lowest_tier_run_counts_as_long_wo
     assert reserve.mean_runtime_s == pytest.approx(1.0)  # only lowest-tier runs time it
 
 
+def test_the_reserve_lets_go_by_time_at_the_longest_wait_or_the_last_higher_read(setup):
+    reserve, held, clock = setup
+    assert reserve.lets_go_at(0.0) == math.inf  # no lowest-tier run timed yet
+    capped(reserve, held, clock, 1.0)  # longest wait 1.5 s; hi read now
+    read_at = clock.now
+    assert reserve.lets_go_at(1.0) == pytest.approx(read_at + 0.5)  # the oldest task
+    assert reserve.lets_go_at(0.0) == pytest.approx(read_at + 1.5)  # the last hi read
+    clock.now = read_at + 1.5 + 1e-6
+    assert not reserve.holds()
+
+
 def test_lowest_tier_queues_include_the_lowest_tiers_lane():
     policy = parse_policy({"tenants": {"default": {}}, "tenant_classes": {"std": {}}})
     queues = ["aitp.std.cpu.hi", "aitp.std.cpu.lo", "aitp.std~over.cpu.mid",
