@@ -109,6 +109,11 @@ class PlacementSettings(_Section):
         default=0.05, ge=0, le=1,
         description="Move the boundaries only when the new ones promise at least this much "
                     "less mean slowdown (keeps tiers steady under a steady mix).")
+    split_gain: float = Field(
+        default=0.2, ge=0, le=10,
+        description="How much less mean slowdown one more tier must promise for the "
+                    "boundaries to use it (0: every tier that lowers it, among groups "
+                    "that differ at least twofold in mean size).")
     urgency_range: float = Field(
         default=10.0, ge=1, le=1e6,
         description="How much shorter a task of the highest urgency (tenant, SLA, impact, "

@@ -40,7 +40,8 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
     classes: dict[str, dict[str, Any]] = {}
     for accelerator, hist in sizes.items():
         recent = hist.total
-        cuts = best_cuts(hist, len(tiers), policy.placement.load) \
+        cuts = best_cuts(hist, len(tiers), policy.placement.load,
+                         policy.placement.split_gain) \
             if recent >= policy.placement.min_samples else None
         classes[accelerator] = {
             "recent_sizes": round(recent, 1),

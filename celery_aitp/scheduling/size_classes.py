@@ -41,8 +41,13 @@ SMALLEST_S = 0.001
 BINS_PER_DOUBLING = 2
 #: Number of bins: from 1 ms to about 2 ** 28 ms (3 days); longer is in the last bin.
 BIN_COUNT = 56
-#: How much better (relative mean slowdown) one more group must make the split.
+#: How much better (relative mean slowdown) one more group must make the split, by
+#: default (``placement.split_gain``).
 SPLIT_GAIN = 0.2
+#: How many times longer, on average, a group's tasks must run than the group above's:
+#: groups of nearly equal sizes are one class whatever the split gain, since predictions
+#: err by more than they differ.
+MIN_SIZE_RATIO = 2.0
 
 
 def size_bin(seconds: float) -> int:
@@ -116,27 +121,43 @@ def slowdown_cost(hist: Histogram, cuts: Sequence[int], rho: float) -> float:
     return sum(prefix.cost(a, b, rho) for a, b in zip(edges, edges[1:], strict=False))
 
 
-def best_cuts(hist: Histogram, classes: int, rho: float,
-              split_gain: float = SPLIT_GAIN) -> tuple[int, ...]:
+def best_cuts(hist: Histogram, classes: int, rho: float, split_gain: float = SPLIT_GAIN,
+              min_ratio: float = MIN_SIZE_RATIO) -> tuple[int, ...]:
     """The ``classes - 1`` bin indices that split ``hist`` into classes with the least
-    :func:`slowdown_cost` (non-decreasing; equal ones leave a class empty).
+    :func:`slowdown_cost` (non-decreasing; equal ones leave a class empty), among the
+    splits whose groups each run at least ``min_ratio`` times longer on average than the
+    group above.
 
     A boundary must earn its place: the fewest groups whose cost is within
     ``split_gain`` of the best are used, because a split that barely helps the mean
-    still makes the longest tasks of the lower group wait behind the rest. With fewer
-    groups than classes, the shortest group takes the top class, the longest the lowest,
-    and the classes left empty are the ones in between; a mix with nothing to tell apart
-    lands in the lowest class, as tasks do when nothing is known."""
+    still makes the longest tasks of the lower group wait behind the rest (how much
+    they wait depends on the tier weights: see ``placement.split_gain`` in
+    docs/configuration.md). With fewer groups than classes, the shortest group takes
+    the top class, the longest the lowest, and the classes left empty are the ones in
+    between; a mix with nothing to tell apart lands in the lowest class, as tasks do
+    when nothing is known."""
     if classes <= 1:
         return ()
     prefix = _Prefix(hist)
     if prefix.total <= 0 or prefix.all_work <= 0:
         return (BIN_COUNT,) * (classes - 1)
-    found = [_groups(prefix, m, rho) for m in range(1, classes + 1)]
+    found = [(cost, starts) for cost, starts in
+             (_groups(prefix, m, rho) for m in range(1, classes + 1))
+             if _apart(prefix, starts, min_ratio)]  # one group always qualifies
     least = min(cost for cost, _ in found)
     starts = next(starts for cost, starts in found if cost <= least * (1.0 + split_gain))
     middle = starts[1:-1]
     return (*middle, *[starts[-1]] * (classes - 1 - len(middle)))
+
+
+def _apart(prefix: _Prefix, starts: list[int], min_ratio: float) -> bool:
+    """Whether each group from ``starts`` runs ``min_ratio`` times the one before it,
+    in mean size."""
+    edges = [*starts, BIN_COUNT]
+    means = [(prefix.w[b] - prefix.w[a]) / (prefix.n[b] - prefix.n[a])
+             for a, b in zip(edges, edges[1:], strict=False)]
+    return all(later >= min_ratio * earlier for earlier, later in zip(means, means[1:],
+                                                                       strict=False))
 
 
 def _groups(prefix: _Prefix, classes: int, rho: float) -> tuple[float, list[int]]:
