@@ -124,9 +124,9 @@ def slowdown_cost(hist: Histogram, cuts: Sequence[int], rho: float) -> float:
 def best_cuts(hist: Histogram, classes: int, rho: float, split_gain: float = SPLIT_GAIN,
               min_ratio: float = MIN_SIZE_RATIO) -> tuple[int, ...]:
     """The ``classes - 1`` bin indices that split ``hist`` into classes with the least
-    :func:`slowdown_cost` (non-decreasing; equal ones leave a class empty), among the
-    splits whose groups each run at least ``min_ratio`` times longer on average than the
-    group above.
+    :func:`slowdown_cost` (non-decreasing; equal ones leave a class empty): for each
+    number of groups the cheapest split, kept only if each of its groups runs at least
+    ``min_ratio`` times longer on average than the group above.
 
     A boundary must earn its place: the fewest groups whose cost is within
     ``split_gain`` of the best are used, because a split that barely helps the mean
