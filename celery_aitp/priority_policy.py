@@ -112,8 +112,13 @@ class PlacementSettings(_Section):
     split_gain: float = Field(
         default=0.2, ge=0, le=10,
         description="How much less mean slowdown one more tier must promise for the "
-                    "boundaries to use it (0: every tier that lowers it, among groups "
-                    "that differ at least twofold in mean size).")
+                    "boundaries to use it (0: every tier that lowers it).")
+    min_size_ratio: float = Field(
+        default=1.0, ge=1, le=1000,
+        description="How many times longer, on average, a tier's tasks must run than the "
+                    "tier above's for the boundaries to split them (1: any split; with "
+                    "split_gain 0, 2 keeps a narrow mix in one tier, since predictions "
+                    "err by more than its sizes differ).")
     urgency_range: float = Field(
         default=10.0, ge=1, le=1e6,
         description="How much shorter a task of the highest urgency (tenant, SLA, impact, "

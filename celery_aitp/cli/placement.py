@@ -41,7 +41,7 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
     for accelerator, hist in sizes.items():
         recent = hist.total
         cuts = best_cuts(hist, len(tiers), policy.placement.load,
-                         policy.placement.split_gain) \
+                         policy.placement.split_gain, policy.placement.min_size_ratio) \
             if recent >= policy.placement.min_samples else None
         classes[accelerator] = {
             "recent_sizes": round(recent, 1),

@@ -44,10 +44,9 @@ BIN_COUNT = 56
 #: How much better (relative mean slowdown) one more group must make the split, by
 #: default (``placement.split_gain``).
 SPLIT_GAIN = 0.2
-#: How many times longer, on average, a group's tasks must run than the group above's:
-#: groups of nearly equal sizes are one class whatever the split gain, since predictions
-#: err by more than they differ.
-MIN_SIZE_RATIO = 2.0
+#: How many times longer, on average, a group's tasks must run than the group above's,
+#: by default (``placement.min_size_ratio``): 1, any split.
+MIN_SIZE_RATIO = 1.0
 
 
 def size_bin(seconds: float) -> int:

@@ -95,7 +95,8 @@ def classes_for(hists: Mapping[str, Histogram], previous: SizeClasses, tiers: in
     for accelerator, hist in hists.items():
         if hist.total < settings.min_samples:
             continue
-        best = best_cuts(hist, tiers, settings.load, settings.split_gain)
+        best = best_cuts(hist, tiers, settings.load, settings.split_gain,
+                         settings.min_size_ratio)
         old = previous.cuts.get(accelerator)
         if old is not None and old != best and len(old) == len(best):
             kept = slowdown_cost(hist, old, settings.load)

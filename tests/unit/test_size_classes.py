@@ -77,41 +77,47 @@ def test_near_equal_sizes_that_straddle_a_bin_edge_are_not_split(low, high):
     assert classes_of(sizes, best_cuts(histogram(sizes), 3, 0.95)) == [2] * len(sizes)
 
 
-def test_near_equal_groups_are_one_class_even_when_every_gain_counts():
+def test_near_equal_groups_are_one_class_with_a_size_ratio_even_when_every_gain_counts():
     """Splitting a narrow mix would lower Cobham's cost (by about 10%); with
-    ``split_gain`` 0 what keeps it whole is that its halves' mean sizes are less than
-    MIN_SIZE_RATIO apart."""
+    ``split_gain`` 0 what keeps it whole is a size ratio its halves' mean sizes do not
+    reach. The default ratio (1) allows any split."""
     rng = random.Random(5)
     hist = histogram([rng.uniform(0.45, 0.55) for _ in range(2000)])
-    assert best_cuts(hist, 3, 0.95, split_gain=0.0, min_ratio=1.0) != (0, 0)
-    assert best_cuts(hist, 3, 0.95, split_gain=0.0) == (0, 0)
+    assert MIN_SIZE_RATIO == 1.0
+    assert best_cuts(hist, 3, 0.95, split_gain=0.0) != (0, 0)
+    assert best_cuts(hist, 3, 0.95, split_gain=0.0, min_ratio=2.0) == (0, 0)
 
 
 def test_a_split_gain_of_zero_uses_every_class_that_lowers_the_cost():
     """A batch log's sizes span seconds to hours: a third class lowers the cost by a few
-    percent, which the default gain (20%) does not draw and ``split_gain`` 0 does; each
-    class then runs at least twice as long as the one above."""
+    percent, which the default gain (20%) does not draw and ``split_gain`` 0 does; with
+    a size ratio of 2 each class runs at least twice as long as the one above."""
     rng = random.Random(2)
     sizes = [rng.lognormvariate(5, 2.5) for _ in range(5000)]
     hist = histogram(sizes)
     assert len(set(classes_of(sizes, best_cuts(hist, 3, 0.95)))) == 2
-    cuts = best_cuts(hist, 3, 0.95, split_gain=0.0)
+    cuts = best_cuts(hist, 3, 0.95, split_gain=0.0, min_ratio=2.0)
     ranks = classes_of(sizes, cuts)
     assert set(ranks) == {0, 1, 2}
     means = [sum(s for s, r in zip(sizes, ranks, strict=True) if r == k) / ranks.count(k)
              for k in range(3)]
-    assert means[1] >= MIN_SIZE_RATIO * means[0] and means[2] >= MIN_SIZE_RATIO * means[1]
+    assert means[1] >= 2 * means[0] and means[2] >= 2 * means[1]
     assert slowdown_cost(hist, cuts, 0.95) < slowdown_cost(hist, (cuts[1], cuts[1]), 0.95)
 
 
-def test_the_policys_split_gain_reaches_the_boundaries():
+def test_the_policys_split_gain_and_size_ratio_reach_the_boundaries():
     rng = random.Random(2)
-    sizes = [rng.lognormvariate(5, 2.5) for _ in range(2000)]
-    found = {}
-    for gain in (0.2, 0.0):
-        settings = PlacementSettings(min_samples=10, split_gain=gain)
-        found[gain] = classes_for({"cpu": histogram(sizes)}, SizeClasses(), 3, settings)
-    assert len(set(found[0.2].cuts["cpu"])) == 1 and len(set(found[0.0].cuts["cpu"])) == 2
+    wide = {"cpu": histogram([rng.lognormvariate(5, 2.5) for _ in range(2000)])}
+    narrow = {"cpu": histogram([rng.uniform(0.45, 0.55) for _ in range(2000)])}
+
+    def cuts(hists, **settings):
+        found = classes_for(hists, SizeClasses(), 3, PlacementSettings(min_samples=10,
+                                                                       **settings))
+        return found.cuts["cpu"]
+
+    assert len(set(cuts(wide))) == 1 and len(set(cuts(wide, split_gain=0.0))) == 2
+    assert cuts(narrow, split_gain=0.0) != (0, 0)
+    assert cuts(narrow, split_gain=0.0, min_size_ratio=2.0) == (0, 0)
 
 
 def test_boundaries_stay_unless_new_ones_are_clearly_better():
@@ -241,4 +247,4 @@ def test_the_batch_example_policy_is_the_documented_recipe():
     path = Path(__file__).resolve().parents[2] / "examples" / "batch.yaml"
     policy = read_policy_file(str(path))
     assert policy.tier_weights() == {"hi": 4096, "mid": 64, "lo": 1}
-    assert policy.placement.split_gain == 0
+    assert policy.placement.split_gain == 0 and policy.placement.min_size_ratio == 2
