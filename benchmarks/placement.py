@@ -214,6 +214,15 @@ def ideal_targets(items: list[Item]) -> list[Target]:
 # --- one workload's runs ---------------------------------------------------------------
 
 
+def learned_runs(modes: list[str]) -> list[str]:
+    """The runs of the learned deployment for the requested ``modes``: ``aitp``'s model is
+    trained on the ``cold`` run's observations, so ``cold`` always runs before it (it is
+    reported only if requested)."""
+    if "aitp" in modes:
+        return ["cold", "aitp"]
+    return ["cold"] if "cold" in modes else []
+
+
 class Bench:
     """The runs of one workload on one broker."""
 
@@ -293,11 +302,10 @@ class Bench:
         for mode in ("fifo", "oracle"):
             if mode in modes:
                 found.update(self.deployment(mode, [mode]))
-        if "aitp" in modes:  # its model is trained on the cold run: always run it first
-            learned = self.deployment("learned", ["cold", "aitp"])
-            found.update({run: learned[run] for run in ("cold", "aitp") if run in modes})
-        elif "cold" in modes:
-            found.update(self.deployment("learned", ["cold"]))
+        learned = learned_runs(modes)
+        if learned:
+            out = self.deployment("learned", learned)
+            found.update({run: out[run] for run in learned if run in modes})
         return found
 
     def deployment(self, name: str, runs: list[str]) -> dict[str, Figures]:

@@ -13,8 +13,8 @@ from celery_aitp.cli.output import console, emit_json, fail, table
 from celery_aitp.errors import AitpError
 from celery_aitp.migration.describe import when
 from celery_aitp.scheduling.feedback import boost_history, read_boosts
-from celery_aitp.scheduling.size_classes import SizeClasses, best_cuts
-from celery_aitp.scheduling.size_source import read_sizes
+from celery_aitp.scheduling.size_classes import SizeClasses
+from celery_aitp.scheduling.size_source import classes_for, read_sizes
 from celery_aitp.scheduling.spill import read_capacity
 from celery_aitp.scheduling.usage import read_usage, tier_charges
 
@@ -37,16 +37,13 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
     except AitpError as exc:
         fail(str(exc))
     tiers = policy.tier_names
-    classes: dict[str, dict[str, Any]] = {}
-    for accelerator, hist in sizes.items():
-        recent = hist.total
-        cuts = best_cuts(hist, len(tiers), policy.placement.load,
-                         policy.placement.split_gain, policy.placement.min_size_ratio) \
-            if recent >= policy.placement.min_samples else None
-        classes[accelerator] = {
-            "recent_sizes": round(recent, 1),
-            "bounds_s": None if cuts is None else
-            list(SizeClasses({accelerator: cuts}).bounds[accelerator])}
+    # the boundaries producers would draw now (fresh: no earlier ones to keep)
+    bounds = classes_for(sizes, SizeClasses(), len(tiers), policy.placement).bounds
+    classes: dict[str, dict[str, Any]] = {
+        accelerator: {"recent_sizes": round(hist.total, 1),
+                      "bounds_s": list(bounds[accelerator]) if accelerator in bounds
+                      else None}
+        for accelerator, hist in sizes.items()}
     charges = tier_charges(tier_runtime)
     reads = [(key, round(mean, 3), round(charges[key], 2))
              for key, mean in sorted(tier_runtime.items()) if key in charges]

@@ -121,11 +121,11 @@ def slowdown_cost(hist: Histogram, cuts: Sequence[int], rho: float) -> float:
 
 
 def best_cuts(hist: Histogram, classes: int, rho: float, split_gain: float = SPLIT_GAIN,
-              min_ratio: float = MIN_SIZE_RATIO) -> tuple[int, ...]:
+              min_size_ratio: float = MIN_SIZE_RATIO) -> tuple[int, ...]:
     """The ``classes - 1`` bin indices that split ``hist`` into classes with the least
     :func:`slowdown_cost` (non-decreasing; equal ones leave a class empty): for each
     number of groups the cheapest split, kept only if each of its groups runs at least
-    ``min_ratio`` times longer on average than the group above.
+    ``min_size_ratio`` times longer on average than the group above.
 
     A boundary must earn its place: the fewest groups whose cost is within
     ``split_gain`` of the best are used, because a split that barely helps the mean
@@ -142,21 +142,21 @@ def best_cuts(hist: Histogram, classes: int, rho: float, split_gain: float = SPL
         return (BIN_COUNT,) * (classes - 1)
     found = [(cost, starts) for cost, starts in
              (_groups(prefix, m, rho) for m in range(1, classes + 1))
-             if _apart(prefix, starts, min_ratio)]  # one group always qualifies
+             if _apart(prefix, starts, min_size_ratio)]  # one group always qualifies
     least = min(cost for cost, _ in found)
     starts = next(starts for cost, starts in found if cost <= least * (1.0 + split_gain))
     middle = starts[1:-1]
     return (*middle, *[starts[-1]] * (classes - 1 - len(middle)))
 
 
-def _apart(prefix: _Prefix, starts: list[int], min_ratio: float) -> bool:
-    """Whether each group from ``starts`` runs ``min_ratio`` times the one before it,
-    in mean size."""
+def _apart(prefix: _Prefix, starts: list[int], min_size_ratio: float) -> bool:
+    """Whether each group from ``starts`` runs ``min_size_ratio`` times the one before
+    it, in mean size."""
     edges = [*starts, BIN_COUNT]
     means = [(prefix.w[b] - prefix.w[a]) / (prefix.n[b] - prefix.n[a])
              for a, b in zip(edges, edges[1:], strict=False)]
-    return all(later >= min_ratio * earlier for earlier, later in zip(means, means[1:],
-                                                                       strict=False))
+    return all(later >= min_size_ratio * earlier
+               for earlier, later in zip(means, means[1:], strict=False))
 
 
 def _groups(prefix: _Prefix, classes: int, rho: float) -> tuple[float, list[int]]:

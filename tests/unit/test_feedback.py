@@ -125,7 +125,7 @@ def test_the_placement_command_shows_boundaries_boosts_and_changes(store):
     celery_aitp.install(app, policy=POLICY.model_copy(update={"placement": PlacementSettings()}))
     app.aitp.store = store
     sizes = SizeSource(app.aitp.policy.placement, 3)
-    sizes.pending.extend([("cpu", 0.02)] * 80 + [("cpu", 1.0)] * 20)
+    sizes.pending.extend([("cpu", 0.02)] * 80 + [("cpu", 1.0)] * 20 + [("gpu", 1.0)] * 5)
     sizes.fetch(store, SizeClasses())
     store.client.hset(boosts_key(store), "acme", "4")
     empty = CliRunner().invoke(aitp, ["placement"], obj=type("Ctx", (), {"app": app})())
@@ -141,6 +141,7 @@ def test_the_placement_command_shows_boundaries_boosts_and_changes(store):
     data = json.loads(result.output)
     low, high = data["classes"]["cpu"]["bounds_s"]
     assert 0.02 < low <= high and low < 1.0  # the short mode apart from the long one
+    assert data["classes"]["gpu"] == {"recent_sizes": 5.0, "bounds_s": None}  # < min_samples
     assert data["boosts"] == {"acme": 4.0} and data["tiers"] == ["hi", "mid", "lo"]
     assert data["read_charges"] == {"cpu.hi": {"mean_run_s": 0.02, "charge": 1.0},
                                     "cpu.lo": {"mean_run_s": 0.1, "charge": 5.0}}

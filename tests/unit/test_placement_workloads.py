@@ -45,3 +45,15 @@ def test_fewer_than_two_tenants_is_refused() -> None:
 def test_the_crowd_policy_takes_every_tenant_into_one_class() -> None:
     policy = load_policy({"stage": "takeover", **CROWD_POLICY})
     assert all(policy.queue_owner(name) == "standard" for name in tenant_names(1000))
+
+
+@pytest.mark.parametrize("modes, runs", [
+    (["fifo", "aitp"], ["cold", "aitp"]),  # the warm-up runs even when not reported
+    (["fifo", "cold", "aitp"], ["cold", "aitp"]),
+    (["cold"], ["cold"]),
+    (["fifo", "oracle"], []),
+])
+def test_the_aitp_run_always_has_its_cold_warm_up(modes, runs):
+    from benchmarks.placement import learned_runs
+
+    assert learned_runs(modes) == runs

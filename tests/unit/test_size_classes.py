@@ -85,7 +85,7 @@ def test_near_equal_groups_are_one_class_with_a_size_ratio_even_when_every_gain_
     hist = histogram([rng.uniform(0.45, 0.55) for _ in range(2000)])
     assert MIN_SIZE_RATIO == 1.0
     assert best_cuts(hist, 3, 0.95, split_gain=0.0) != (0, 0)
-    assert best_cuts(hist, 3, 0.95, split_gain=0.0, min_ratio=2.0) == (0, 0)
+    assert best_cuts(hist, 3, 0.95, split_gain=0.0, min_size_ratio=2.0) == (0, 0)
 
 
 def test_a_split_gain_of_zero_uses_every_class_that_lowers_the_cost():
@@ -96,7 +96,7 @@ def test_a_split_gain_of_zero_uses_every_class_that_lowers_the_cost():
     sizes = [rng.lognormvariate(5, 2.5) for _ in range(5000)]
     hist = histogram(sizes)
     assert len(set(classes_of(sizes, best_cuts(hist, 3, 0.95)))) == 2
-    cuts = best_cuts(hist, 3, 0.95, split_gain=0.0, min_ratio=2.0)
+    cuts = best_cuts(hist, 3, 0.95, split_gain=0.0, min_size_ratio=2.0)
     ranks = classes_of(sizes, cuts)
     assert set(ranks) == {0, 1, 2}
     means = [sum(s for s, r in zip(sizes, ranks, strict=True) if r == k) / ranks.count(k)
@@ -248,3 +248,12 @@ def test_the_batch_example_policy_is_the_documented_recipe():
     policy = read_policy_file(str(path))
     assert policy.tier_weights() == {"hi": 4096, "mid": 64, "lo": 1}
     assert policy.placement.split_gain == 0 and policy.placement.min_size_ratio == 2
+
+
+@pytest.mark.parametrize("field, value", [("split_gain", -0.1), ("min_size_ratio", 0.5)])
+def test_bad_placement_split_settings_are_refused_by_path(field, value):
+    from celery_aitp.errors import PolicyError
+    from celery_aitp.policy import parse_policy
+
+    with pytest.raises(PolicyError, match=rf"placement\.{field}"):
+        parse_policy({"placement": {field: value}})
