@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import heapq
 import json
 import math
 import os
@@ -62,6 +61,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_workers import ROOT, BenchWorker, running  # noqa: E402
+from benchmarks.ideal import ideal_starts  # noqa: E402
 from benchmarks.placement_app import (  # noqa: E402
     RUNTIME_HEADER,
     make_app,
@@ -178,24 +178,10 @@ def simulated(items: list[Item], shortest_first: bool) -> Figures:
     """The same arrivals on an ideal worker (``SLOTS`` processes, no overhead, exact
     runtimes, non-preemptive), served first come first served or shortest job first:
     what any order that cannot interrupt a running task could do on these arrivals."""
-    events: list[tuple[float, int, int]] = [(i.at, 0, i.index) for i in items]
-    heapq.heapify(events)
-    waiting: list[tuple[float, int]] = []
-    free, started = SLOTS, [math.nan] * len(items)
-    while events:
-        now, kind, index = heapq.heappop(events)
-        if kind == 0:
-            item = items[index]
-            heapq.heappush(waiting, (item.runtime_s if shortest_first else item.at, index))
-        else:
-            free += 1
-        while free and waiting:
-            _, chosen = heapq.heappop(waiting)
-            started[chosen] = now
-            free -= 1
-            heapq.heappush(events, (now + items[chosen].runtime_s, 1, chosen))
     published = [i.at for i in items]
-    finished = [started[i.index] + i.runtime_s for i in items]
+    runtime = [i.runtime_s for i in items]
+    started = ideal_starts(published, runtime, runtime if shortest_first else published, SLOTS)
+    finished = [s + r for s, r in zip(started, runtime, strict=True)]
     return figures("ideal SJF" if shortest_first else "ideal FIFO", items, published,
                    started, finished, [None] * len(items))
 

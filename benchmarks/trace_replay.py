@@ -72,6 +72,11 @@ def convert(swf: Path, out: Path) -> Trace:
     return load_jsonl(out)
 
 
+def log_name(swf: Path) -> str:
+    """The log's name without the archive's suffixes (``-cln``, ``.swf``, ``.gz``)."""
+    return swf.name.split("-cln")[0].split(".swf")[0]
+
+
 def middle_slice(trace: Trace, jobs: int) -> Trace:
     """``jobs`` consecutive jobs from the middle of the log (all of it if shorter)."""
     if len(trace) <= jobs:
@@ -193,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     found = []
     with tempfile.TemporaryDirectory(prefix="aitp-trace-replay-") as tmp:
         for swf in args.traces:
-            name = swf.name.split("-cln")[0].split(".swf")[0]
+            name = log_name(swf)
             trace = middle_slice(convert(swf, Path(tmp) / f"{name}.jsonl"), args.jobs)
             console.print(f"{name}: {len(trace)} jobs over {trace.span_s / 86400:.1f} days")
             found.append(replay_trace(name, trace, policy, args.load, args.train_share,
