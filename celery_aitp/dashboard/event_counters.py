@@ -80,6 +80,12 @@ EVENT_COUNTERS: dict[str, EventCounter] = {
     "aitp_aging_unstamped_total": EventCounter(
         "Messages the aging pass could not age: no aitp.decided_at stamp.",
         keys={"aging_no_age": ""}),
+    "aitp_reserve_events_total": EventCounter(
+        "Lowest-tier tasks that took a process a Redis worker keeps for its higher tiers "
+        "(let_go_age: the oldest had waited the longest wait; let_go_backlog: more "
+        "waited than the tier may run at once; let_go_unread: its queues could not be "
+        "read), or were read first (read_first).",
+        "event", prefix="reserve:"),
     "aitp_explicit_priority_total": EventCounter(
         "Tasks that kept Celery's route for a message priority of their own (RabbitMQ, "
         "where a tier queue's priority is the tier).", keys={"explicit_priority": ""}),

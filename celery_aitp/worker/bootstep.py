@@ -215,7 +215,8 @@ class AitpWorkerStep(bootsteps.StartStopStep):
             tier_cycle.set_reserve(None)
             return False
         self._reserve = reserve.Reserve(lowest, self.concurrency, kept,
-                                        policy.reserve.max_wait_runs)
+                                        policy.reserve.max_wait_runs,
+                                        counters=self.middleware.counters)
         tier_cycle.set_reserve(self._reserve)
         logger.info("aitp: %s of %s processes kept for the higher tiers", kept,
                     self.concurrency)

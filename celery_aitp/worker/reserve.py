@@ -33,6 +33,12 @@ waited up to 2.6x FIFO's longest wait). At its share it is not put first: on a m
 long work needs most of the worker, that cost the short tasks' p95 wait 0.47 -> 0.77x
 FIFO's (bimodal).
 
+Each time a lowest-tier task takes a kept process, and each time the lowest tier is read
+first, the worker counts it (``reserve:let_go_age``, ``reserve:let_go_backlog``,
+``reserve:let_go_unread`` while the broker cannot be read, ``reserve:read_first``;
+``aitp_reserve_events_total`` on the dashboard): how often the short tasks' process went
+to long work, and why.
+
 **Bound.** A lowest-tier task waits at most ``max_wait_runs * R_lo + 2 * SAMPLE_S`` plus
 one run (``R_lo``: the worker's mean lowest-tier run; one sample period to be seen, one
 broker poll to be read: the worker polls every :data:`SAMPLE_S` while the reserve is on;
@@ -57,6 +63,7 @@ from celery_aitp.policy import Policy
 from celery_aitp.priority_policy import TierOrder
 from celery_aitp.queues import parse_tier_queue
 from celery_aitp.redact import redact
+from celery_aitp.telemetry.counters import Counters
 from celery_aitp.worker.janitor import BrokerQueuePass
 
 logger = logging.getLogger(__name__)
@@ -109,12 +116,14 @@ class Reserve:
 
     def __init__(self, lowest: Collection[str], processes: int, kept: int,
                  max_wait_runs: float, requests: Callable[[], Iterable[Any]] = running_requests,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 counters: Counters | None = None) -> None:
         self.lowest = frozenset(lowest)
         self.limit = processes - kept  # long runs allowed at once
         self.max_wait_runs = max_wait_runs
         self.requests = requests
         self.clock = clock
+        self.counters = counters
         self.mean_runtime_s: float | None = None  # of this worker's lowest-tier runs
         self.oldest_wait_s = 0.0  # sampled from the broker while capped
         self.waiting = 0  # the lowest tier's waiting tasks, sampled likewise
@@ -127,6 +136,9 @@ class Reserve:
         self._higher_read_at = -math.inf
         self._lowest_read_at = -math.inf
         self._started: dict[Any, tuple[float, bool]] = {}  # request -> (start, lowest)
+        #: What a lowest-tier read after the last :meth:`holds` / :meth:`overdue` counts
+        #: as: the reserve let go (its reason), the tier was offered first, or nothing.
+        self._counts_as: str | None = None
         self._lock = threading.Lock()
 
     @property
@@ -144,7 +156,13 @@ class Reserve:
             busy = wait < math.inf and now - self._higher_read_at <= wait
             self.capped = busy and running >= self.limit
             self.watching = self.capped or (busy and now - self._lowest_read_at >= wait / 2)
-            return self.capped and self.oldest_wait_s < wait and self.waiting <= self.limit
+            held = self.capped and self.oldest_wait_s < wait and self.waiting <= self.limit
+            self._counts_as = None
+            if self.capped and not held:
+                oldest = self.oldest_wait_s
+                self._counts_as = ("let_go_unread" if oldest == math.inf else "let_go_age"
+                                   if oldest >= wait else "let_go_backlog")
+            return held
 
     def lets_go_at(self, oldest_wait_s: float) -> float:
         """When, on this reserve's clock, :meth:`holds` turns false by time alone: the
@@ -161,7 +179,10 @@ class Reserve:
         would take every process from the short tasks). A broker that cannot be read
         proves nothing. Asked right after :meth:`holds`, whose ``capped`` it reads (the
         tier cycle asks both for one read)."""
-        return not self.capped and self.max_wait_s <= self.oldest_wait_s < math.inf
+        first = not self.capped and self.max_wait_s <= self.oldest_wait_s < math.inf
+        if first:
+            self._counts_as = "read_first"
+        return first
 
     def read(self, queue: str) -> None:
         """A message was read from ``queue`` (any queue but the lowest tier's is higher)."""
@@ -170,6 +191,8 @@ class Reserve:
         else:  # most likely the oldest one: the next sample tells
             self._lowest_read_at = self.clock()
             self.oldest_wait_s = 0.0
+            if self._counts_as is not None and self.counters is not None:
+                self.counters.incr(f"reserve:{self._counts_as}")
 
     def sampled(self, oldest_wait_s: float, waiting: int = 0) -> None:
         """The longest wait among the lowest tier's queues and how many tasks wait in

@@ -268,3 +268,8 @@ def test_a_lowest_tier_task_that_waited_long_is_read_before_a_higher_tiers_backl
     # 0.4 s to wait, up to 0.25 s to be sampled and one hi run of 0.1 s: about 10 to 25
     # hi tasks end meanwhile (3 processes); about 64 without aging
     assert overtaken < 40, overtaken
+    # the worker counted it, and its live view shipped the count to the fleet's counters
+    store, deadline = proj.app.aitp.store, time.monotonic() + 10
+    while store.counts().get("reserve:read_first", 0) < 1:
+        assert time.monotonic() < deadline, store.counts()
+        time.sleep(0.2)

@@ -41,7 +41,7 @@ def test_the_scan_finds_the_known_counters():
     keys = counter_keys()
     assert {"tenant_unknown", "tenant_refused", "visibility_eta", "rejected:headers",
             "records_dropped:x", "evacuated", "aged", "labels_invalid",
-            "rejected:aitp_header:x"} <= set(keys)
+            "rejected:aitp_header:x", "reserve:x"} <= set(keys)
     assert len(keys) >= 25
 
 

@@ -15,6 +15,7 @@ from celery import Celery
 import celery_aitp
 from celery_aitp.policy import parse_policy
 from celery_aitp.stubs import MemoryQueueOps
+from celery_aitp.telemetry.counters import Counters
 from celery_aitp.worker import tier_cycle
 from celery_aitp.worker.bootstep import AitpWorkerStep
 from celery_aitp.worker.reserve import SAMPLE_S, Reserve, ReserveSampler, lowest_tier_queues
@@ -43,7 +44,7 @@ def setup():
     clock = Clock()
     held: list[SimpleNamespace] = []
     reserve = Reserve([LO], processes=4, kept=1, max_wait_runs=1.5,
-                      requests=lambda: list(held), clock=clock)
+                      requests=lambda: list(held), clock=clock, counters=Counters())
     tier_cycle.configure({HI: 64.0, LO: 1.0}, 1.0)
     tier_cycle.set_reserve(reserve)
     yield reserve, held, clock
@@ -58,6 +59,12 @@ def capped(reserve: Reserve, held: list, clock: Clock, run_s: float) -> None:
     held.extend(request(LO) for _ in range(3))
     reserve.read(HI)
     assert reserve.holds()
+
+
+def counted(reserve: Reserve) -> dict[str, int]:
+    """The reserve's events this worker counted so far."""
+    assert reserve.counters is not None
+    return {k: n for k, n in reserve.counters.totals.items() if k.startswith("reserve:")}
 
 
 def time_one_lowest_run(reserve: Reserve, held: list, clock: Clock, seconds: float) -> None:
@@ -155,6 +162,36 @@ def test_a_lowest_tier_task_that_waited_max_wait_runs_is_read_first(setup):
     sampler.sample()
     assert reserve.overdue() and brpop(cycle, queues) == LO
     assert not reserve.overdue() and brpop(cycle, queues) == HI  # read: the next sample tells
+    assert counted(reserve) == {"reserve:read_first": 1}
+
+
+def test_a_kept_process_a_lowest_tier_task_takes_is_counted_with_the_reason(setup):
+    reserve, held, clock = setup
+    capped(reserve, held, clock, 2.0)  # three long runs of four processes, max wait 3 s
+    reserve.sampled(2.9)
+    assert reserve.holds()
+    reserve.read(HI)  # a higher tier's read is never counted
+    reserve.sampled(3.1)  # the oldest lowest-tier task waited the longest wait
+    assert not reserve.holds()
+    reserve.read(LO)
+    reserve.sampled(0.0, waiting=4)  # more wait than the tier's three processes may take
+    assert not reserve.holds()
+    reserve.read(LO)
+    reserve.sampled(math.inf)  # its queues could not be read
+    assert not reserve.holds()
+    reserve.read(LO)
+    assert counted(reserve) == {"reserve:let_go_age": 1, "reserve:let_go_backlog": 1,
+                                "reserve:let_go_unread": 1}
+
+
+def test_a_lowest_tier_read_while_a_long_run_may_start_is_not_counted(setup):
+    reserve, held, clock = setup
+    time_one_lowest_run(reserve, held, clock, 1.0)
+    reserve.read(HI)
+    held.extend(request(LO) for _ in range(2))  # two long runs: a third may start
+    assert not reserve.holds() and not reserve.capped and not reserve.overdue()
+    reserve.read(LO)
+    assert counted(reserve) == {}
 
 
 def test_a_lowest_tier_at_its_share_of_processes_is_not_read_first(setup):
@@ -325,6 +362,7 @@ def test_a_strict_redis_worker_with_four_processes_keeps_one(no_reserve_after):
     app, step = worker_step(4)
     reserve = tier_cycle._reserve
     assert reserve is step._reserve is not None
+    assert reserve.counters is step.middleware.counters  # shipped with the worker's own
     assert reserve.limit == 3
     assert reserve.lowest == {"aitp.acme.cpu.lo"}
     assert app.conf.broker_transport_options["polling_interval"] == SAMPLE_S
