@@ -34,8 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from celery_aitp.learn import synthetic  # noqa: E402
 from celery_aitp.learn.dataset import Observation, build_dataset  # noqa: E402
 from celery_aitp.learn.swf import SwfResult, open_text, swf_records  # noqa: E402
-from celery_aitp.learn.train import Matrix, TrainConfig, train  # noqa: E402
-from celery_aitp.predict.bundle import base_default, booster_from_text, spec_from_meta  # noqa: E402
+from celery_aitp.learn.train import TrainConfig, bundle_seconds, train  # noqa: E402
 from celery_aitp.predict.features import HISTORY_FEATURES  # noqa: E402
 
 TRAIN_SHARE = 0.7
@@ -144,9 +143,7 @@ def evaluate(name: str, records: list[Any], skipped: str, config: TrainConfig) -
     if result.bundle is None:
         raise SystemExit(f"{name}: {result.reason}")
     meta = result.bundle.meta
-    boosters = (booster_from_text(result.bundle.p50_text, "p50"),
-                booster_from_text(result.bundle.p90_text, "p90"))
-    p50, p90 = Matrix(spec_from_meta(meta), test, base_default(meta)).seconds(boosters)
+    p50, p90 = bundle_seconds(result.bundle, test)
     median = statistics.median(o.runtime_s or 0.0 for o in head)
     truth = [o.runtime_s or 0.0 for o in test]
     user = [h[_TENANT] if h is not None and _known(h[_TENANT]) else median

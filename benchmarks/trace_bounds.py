@@ -29,7 +29,6 @@ directory). Takes a few minutes per log (two trainings).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -42,11 +41,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.ideal import ideal_starts  # noqa: E402
-from benchmarks.trace_replay import TAU_S, convert, log_name, middle_slice  # noqa: E402
+from benchmarks.trace_replay import (  # noqa: E402
+    TAU_S,
+    convert,
+    log_name,
+    middle_slice,
+    trace_arguments,
+)
 from celery_aitp.learn.dataset import Observation, build_dataset  # noqa: E402
-from celery_aitp.learn.train import Matrix, train  # noqa: E402
+from celery_aitp.learn.train import bundle_seconds, train  # noqa: E402
 from celery_aitp.policy import Policy, parse_policy  # noqa: E402
-from celery_aitp.predict.bundle import base_default, booster_from_text, spec_from_meta  # noqa: E402
 from celery_aitp.replay.app import as_recorded  # noqa: E402
 from celery_aitp.replay.metrics import bounded_slowdown, short_mask  # noqa: E402
 from celery_aitp.replay.runner import slots_for_load  # noqa: E402
@@ -73,10 +77,7 @@ def predictions(trace: Trace, policy: Policy, cut: int) -> dict[str, list[float]
     trained = train(records[:cut])
     if trained.bundle is None:
         raise SystemExit(f"no model: {trained.reason}")
-    meta = trained.bundle.meta
-    boosters = (booster_from_text(trained.bundle.p50_text, "p50"),
-                booster_from_text(trained.bundle.p90_text, "p90"))
-    p50, p90 = Matrix(spec_from_meta(meta), observations, base_default(meta)).seconds(boosters)
+    p50, p90 = bundle_seconds(trained.bundle, observations)
     typical = statistics.median(trace.runtime[:cut])
     return {"fifo": list(trace.published),
             "requested time": [_known(o.arguments.get("kw.requested_time_s"), typical)
@@ -160,11 +161,7 @@ def print_rows(found: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("traces", nargs="+", type=Path, help="SWF logs (.swf or .swf.gz)")
-    parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--load", type=float, default=0.85)
-    parser.add_argument("--train-share", type=float, default=0.3)
+    parser = trace_arguments(__doc__)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     found = []

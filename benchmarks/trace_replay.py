@@ -181,12 +181,19 @@ def markdown(found: list[dict[str, Any]], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def trace_arguments(doc: str | None) -> argparse.ArgumentParser:
+    """A parser with the options every trace benchmark shares: the logs, the slice, the
+    load and the share trained on (the same defaults, so their figures compare)."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     parser.add_argument("traces", nargs="+", type=Path, help="SWF logs (.swf or .swf.gz)")
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--load", type=float, default=0.85)
     parser.add_argument("--train-share", type=float, default=0.3)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = trace_arguments(__doc__)
     parser.add_argument("--policy", type=Path, default=None,
                         help="a policy file instead of the default policy")
     parser.add_argument("--trainer-every", type=float, default=600.0,

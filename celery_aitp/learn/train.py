@@ -38,7 +38,14 @@ from typing import Any
 
 from celery_aitp.extras import require
 from celery_aitp.learn.dataset import MIN_RUNTIME_S, Dataset, Observation, build_dataset
-from celery_aitp.predict.bundle import FORMAT, ModelBundle, verify_with_lightgbm
+from celery_aitp.predict.bundle import (
+    FORMAT,
+    ModelBundle,
+    base_default,
+    booster_from_text,
+    spec_from_meta,
+    verify_with_lightgbm,
+)
 from celery_aitp.predict.features import CATEGORICAL, SCHEMA, FeatureSpec, base_of
 
 #: ``report(step, done, total)``: progress of a long step (for a progress bar).
@@ -311,6 +318,16 @@ def prefer_residual(spec: FeatureSpec, train_x: Matrix, valid_x: Matrix,
         found.append(scores("probe", truth, p50.tolist()))
     residual, direct = found
     return not (direct.mae < residual.mae and direct.within_2x > residual.within_2x)
+
+
+def bundle_seconds(bundle: ModelBundle, observations: Sequence[Observation]
+                   ) -> tuple[Any, Any]:
+    """p50 and p90 seconds a bundle's LightGBM models give ``observations`` (scoring a
+    model offline, as the benchmarks do; producers run its compiled form instead)."""
+    meta = bundle.meta
+    boosters = (booster_from_text(bundle.p50_text, "p50"),
+                booster_from_text(bundle.p90_text, "p90"))
+    return Matrix(spec_from_meta(meta), observations, base_default(meta)).seconds(boosters)
 
 
 def predict_log(boosters: tuple[Any, Any], x: Any) -> tuple[Any, Any]:

@@ -13,7 +13,7 @@ import pytest
 from celery_aitp.learn import train as train_module
 from celery_aitp.learn.dataset import build_dataset, read_jsonl
 from celery_aitp.learn.offline import predict_records
-from celery_aitp.learn.train import Scores, TrainConfig, baselines, scores, train
+from celery_aitp.learn.train import Scores, TrainConfig, baselines, bundle_seconds, scores, train
 from celery_aitp.predict.bundle import load_bundle
 
 GOOD = {"task": "t", "tenant": "a", "args": [1], "kwargs": {}, "published_at": 100.0,
@@ -235,3 +235,14 @@ def test_offline_predictions_keep_input_order_and_mark_bad_records(trained, synt
     assert all(o["predicted_p90_s"] >= o["predicted_runtime_s"] > 0 for o in out[:20])
     assert out[20]["error"] == "missing tenant" and out[21]["error"] == "not a JSON object"
     assert out[22]["predicted_runtime_s"] > 0  # runtime_s is not needed to predict
+
+
+def test_bundle_seconds_are_the_offline_predictions(trained, synthetic_records):
+    # the benchmarks score a bundle on observations with bundle_seconds; the same
+    # records through the offline predictor must give the same seconds
+    records = synthetic_records[-50:]
+    p50, p90 = bundle_seconds(trained.bundle, build_dataset(records).observations)
+    offline = predict_records(trained.bundle, records)
+    assert p50.tolist() == pytest.approx([o["predicted_runtime_s"] for o in offline])
+    assert p90.tolist() == pytest.approx([o["predicted_p90_s"] for o in offline])
+    assert all(hi >= lo > 0 for lo, hi in zip(p50, p90, strict=True))
