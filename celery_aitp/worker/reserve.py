@@ -156,12 +156,16 @@ class Reserve:
             busy = wait < math.inf and now - self._higher_read_at <= wait
             self.capped = busy and running >= self.limit
             self.watching = self.capped or (busy and now - self._lowest_read_at >= wait / 2)
-            held = self.capped and self.oldest_wait_s < wait and self.waiting <= self.limit
-            self._counts_as = None
+            oldest = self.oldest_wait_s
+            held = self.capped and oldest < wait and self.waiting <= self.limit
+            self._counts_as = None  # why a kept process may go to the lowest tier:
             if self.capped and not held:
-                oldest = self.oldest_wait_s
-                self._counts_as = ("let_go_unread" if oldest == math.inf else "let_go_age"
-                                   if oldest >= wait else "let_go_backlog")
+                if oldest == math.inf:
+                    self._counts_as = "let_go_unread"  # its queues cannot be read
+                elif oldest >= wait:
+                    self._counts_as = "let_go_age"
+                else:
+                    self._counts_as = "let_go_backlog"
             return held
 
     def lets_go_at(self, oldest_wait_s: float) -> float:
