@@ -50,6 +50,7 @@ from benchmarks.trace_replay import (  # noqa: E402
 )
 from celery_aitp.learn.dataset import Observation, build_dataset  # noqa: E402
 from celery_aitp.learn.train import bundle_seconds, train  # noqa: E402
+from celery_aitp.numbers import finite_number  # noqa: E402
 from celery_aitp.policy import Policy, parse_policy  # noqa: E402
 from celery_aitp.replay.app import as_recorded  # noqa: E402
 from celery_aitp.replay.metrics import bounded_slowdown, short_mask  # noqa: E402
@@ -88,8 +89,8 @@ def predictions(trace: Trace, policy: Policy, cut: int) -> dict[str, list[float]
 
 
 def _known(value: Any, fallback: float) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-    return float(value) if ok else fallback
+    found = finite_number(value)
+    return fallback if found is None else found
 
 
 def _last_two(observation: Observation, fallback: float) -> float:

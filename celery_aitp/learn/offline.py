@@ -5,16 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from celery_aitp.errors import ModelError
 from celery_aitp.extras import require
 from celery_aitp.learn.dataset import Observation, Unreadable, attach_history, to_observation
-from celery_aitp.learn.train import Matrix
-from celery_aitp.predict.bundle import (
-    ModelBundle,
-    base_default,
-    booster_from_text,
-    spec_from_meta,
-)
+from celery_aitp.learn.train import Matrix, bundle_boosters
+from celery_aitp.predict.bundle import ModelBundle, base_default, spec_from_meta
 
 
 def predict_records(bundle: ModelBundle, records: Iterable[Any]) -> list[dict[str, Any]]:
@@ -25,11 +19,7 @@ def predict_records(bundle: ModelBundle, records: Iterable[Any]) -> list[dict[st
     """
     require("train", "offline prediction")
 
-    spec = spec_from_meta(bundle.meta)
-    p50 = booster_from_text(bundle.p50_text, "p50 model")
-    p90 = booster_from_text(bundle.p90_text, "p90 model")
-    if p50.num_feature() != len(spec.names) or p90.num_feature() != len(spec.names):
-        raise ModelError("model feature count differs from its metadata")
+    boosters = bundle_boosters(bundle)  # checked before any record is read
     out: list[dict[str, Any]] = []
     usable: list[Observation] = []
     for index, record in enumerate(records):
@@ -46,8 +36,8 @@ def predict_records(bundle: ModelBundle, records: Iterable[Any]) -> list[dict[st
     ordered = sorted(usable, key=lambda o: (o.published_at, o.index))
     attach_history(ordered)
     if ordered:
-        matrix = Matrix(spec, ordered, base_default(bundle.meta))
-        low, high = matrix.seconds((p50, p90))
+        matrix = Matrix(spec_from_meta(bundle.meta), ordered, base_default(bundle.meta))
+        low, high = matrix.seconds(boosters)
         for obs, lo, hi in zip(ordered, low.tolist(), high.tolist(), strict=True):
             out[obs.index].update(predicted_runtime_s=lo, predicted_p90_s=hi)
     return out

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from celery_aitp.errors import ModelError
 from celery_aitp.extras import require
 from celery_aitp.learn.dataset import MIN_RUNTIME_S, Dataset, Observation, build_dataset
 from celery_aitp.predict.bundle import (
@@ -320,14 +321,24 @@ def prefer_residual(spec: FeatureSpec, train_x: Matrix, valid_x: Matrix,
     return not (direct.mae < residual.mae and direct.within_2x > residual.within_2x)
 
 
+def bundle_boosters(bundle: ModelBundle) -> tuple[Any, Any]:
+    """A bundle's p50 and p90 LightGBM models, loaded from their text (never pickle), for
+    scoring offline; ``ModelError`` if their feature count is not the metadata's."""
+    width = len(spec_from_meta(bundle.meta).names)
+    boosters = (booster_from_text(bundle.p50_text, "p50 model"),
+                booster_from_text(bundle.p90_text, "p90 model"))
+    if any(b.num_feature() != width for b in boosters):
+        raise ModelError("model feature count differs from its metadata")
+    return boosters
+
+
 def bundle_seconds(bundle: ModelBundle, observations: Sequence[Observation]
                    ) -> tuple[Any, Any]:
     """p50 and p90 seconds a bundle's LightGBM models give ``observations`` (scoring a
     model offline, as the benchmarks do; producers run its compiled form instead)."""
     meta = bundle.meta
-    boosters = (booster_from_text(bundle.p50_text, "p50"),
-                booster_from_text(bundle.p90_text, "p90"))
-    return Matrix(spec_from_meta(meta), observations, base_default(meta)).seconds(boosters)
+    return Matrix(spec_from_meta(meta), observations, base_default(meta)).seconds(
+        bundle_boosters(bundle))
 
 
 def predict_log(boosters: tuple[Any, Any], x: Any) -> tuple[Any, Any]:

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from celery_aitp.errors import ModelError
 from celery_aitp.learn import train as train_module
 from celery_aitp.learn.dataset import build_dataset, read_jsonl
 from celery_aitp.learn.offline import predict_records
 from celery_aitp.learn.train import Scores, TrainConfig, baselines, bundle_seconds, scores, train
-from celery_aitp.predict.bundle import load_bundle
+from celery_aitp.predict.bundle import ModelBundle, load_bundle
 
 GOOD = {"task": "t", "tenant": "a", "args": [1], "kwargs": {}, "published_at": 100.0,
         "runtime_s": 1.0}
@@ -246,3 +247,17 @@ def test_bundle_seconds_are_the_offline_predictions(trained, synthetic_records):
     assert p50.tolist() == pytest.approx([o["predicted_runtime_s"] for o in offline])
     assert p90.tolist() == pytest.approx([o["predicted_p90_s"] for o in offline])
     assert all(hi >= lo > 0 for lo, hi in zip(p50, p90, strict=True))
+
+
+def test_a_bundle_whose_models_do_not_fit_its_metadata_is_refused_offline(trained,
+                                                                        synthetic_records):
+    meta = trained.bundle.meta
+    # metadata consistent in itself (one more keyword feature), models trained without it
+    widened = ModelBundle({**meta, "kwarg_names": [*meta["kwarg_names"], "extra"],
+                           "feature_names": [*meta["feature_names"], "kw.extra"]},
+                          trained.bundle.p50_text, trained.bundle.p90_text)
+    observations = build_dataset(synthetic_records[-5:]).observations
+    with pytest.raises(ModelError, match="model feature count differs from its metadata"):
+        bundle_seconds(widened, observations)
+    with pytest.raises(ModelError, match="model feature count differs from its metadata"):
+        predict_records(widened, synthetic_records[-5:])
