@@ -123,7 +123,8 @@ def spec_from_meta(meta: Mapping[str, Any]) -> FeatureSpec:
     if meta.get("format") != FORMAT:
         raise ModelError(f"unknown model format {meta.get('format')!r} (expected {FORMAT!r})")
     if meta.get("schema") != SCHEMA:
-        raise ModelError(f"feature schema {meta.get('schema')!r}; this version computes {SCHEMA}")
+        raise ModelError(f"feature schema {meta.get('schema')!r}; this version computes {SCHEMA}"
+                         " (train a new model: celery -A proj aitp train)")
     try:
         spec = FeatureSpec(
             [str(n) for n in meta.get("kwarg_names", [])],

@@ -12,6 +12,14 @@ stream. Layout:
                                      tenant's runs of the task whose largest argument is of
                                      that magnitude (:func:`~celery_aitp.predict.features.
                                      magnitude_class`; at most ``MAX_PAIRS`` fields)
+``<prefix>:history:calls`` (hash)    field ``<call signature>|<task>``: the same (the last
+                                     two runtimes) over every tenant's runs of the task
+                                     with the same argument values (:func:`~celery_aitp.
+                                     predict.features.call_signature`); when it holds
+                                     ``MAX_CALLS`` fields it becomes ``...:calls:old`` and
+                                     a new one starts (a call's entry moves over at its
+                                     next run), so memory stays bounded while the calls
+                                     still repeating keep their history
 ``<prefix>:history:version``         incremented on every update
 
 Workers buffer finished runs and add them in one script call per refresh round.
@@ -32,7 +40,16 @@ from typing import Any, NamedTuple
 import redis
 
 from celery_aitp.errors import StoreError
-from celery_aitp.predict.features import HISTORY_DEPTH, History, history_features, magnitude_class
+from celery_aitp.predict.features import (
+    HISTORY_DEPTH,
+    CallHistory,
+    History,
+    argument_features,
+    call_features,
+    call_signature,
+    history_features,
+    magnitude_class,
+)
 from celery_aitp.store import RedisStore
 from celery_aitp.telemetry.counters import Counters
 
@@ -41,6 +58,10 @@ logger = logging.getLogger(__name__)
 HISTORY_SOURCE = "aitp.history"
 #: Distinct (tenant, task) pairs the summary holds; runs of further pairs are not kept.
 MAX_PAIRS = 10_000
+#: Calls one generation of ``history:calls`` holds (two generations are kept).
+MAX_CALLS = 10_000
+#: Runtimes kept per call: the call features need the last two.
+CALL_DEPTH = 2
 #: Producers re-read the summary at most this often (seconds).
 FETCH_INTERVAL_S = 2.0
 #: Runs a worker process buffers between two flushes before dropping the oldest.
@@ -56,6 +77,8 @@ Pair = tuple[str, str]
 Estimate = tuple[float, float]
 #: (task, magnitude class).
 SizeClass = tuple[str, int]
+#: (task, call signature).
+Call = tuple[str, str]
 
 
 class Run(NamedTuple):
@@ -66,24 +89,39 @@ class Run(NamedTuple):
     runtime_s: float
     #: :func:`~celery_aitp.predict.features.magnitude_class` of its arguments.
     magnitude: int | None = None
+    #: :func:`~celery_aitp.predict.features.call_signature` of its arguments.
+    call: str | None = None
 
 _ADD_RUNS = """
 local depth = tonumber(ARGV[1])
 local max_pairs = tonumber(ARGV[2])
+local call_depth = tonumber(ARGV[3])
+local max_calls = tonumber(ARGV[4])
 local refused = 0
-for i = 3, #ARGV, 3 do
-  local key, field, runtime = KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2]
+for i = 5, #ARGV, 3 do
+  local which = tonumber(ARGV[i])
+  local key, field, runtime = KEYS[which], ARGV[i + 1], ARGV[i + 2]
   local current = redis.call('HGET', key, field)
+  local keep = depth
+  if which == 4 then
+    keep = call_depth
+    if not current then
+      current = redis.call('HGET', KEYS[5], field)
+      if redis.call('HLEN', key) >= max_calls then
+        redis.call('RENAME', key, KEYS[5])
+      end
+    end
+  end
   if current then
     local count, rest = string.match(current, '^(%d+);(.*)$')
     local kept, n = {runtime}, 1
     for value in string.gmatch(rest or '', '[^,]+') do
-      if n >= depth then break end
+      if n >= keep then break end
       n = n + 1
       kept[n] = value
     end
     redis.call('HSET', key, field, (tonumber(count or 0) + 1) .. ';' .. table.concat(kept, ','))
-  elseif redis.call('HLEN', key) < max_pairs then
+  elseif which == 4 or redis.call('HLEN', key) < max_pairs then
     redis.call('HSET', key, field, '1;' .. runtime)
   else
     refused = refused + 1
@@ -108,6 +146,11 @@ def class_field(task: str, magnitude: int) -> str:
     """Hash field of a task's magnitude class (``<class>|<task>``: the class never holds
     a '|', so the first one splits)."""
     return f"{magnitude}|{task}"
+
+
+def call_field(task: str, signature: str) -> str:
+    """Hash field of a call (``<signature>|<task>``: a signature is hex digits)."""
+    return f"{signature}|{task}"
 
 
 def parse_entry(raw: Any) -> tuple[int, list[float]] | None:
@@ -198,7 +241,8 @@ class HistoryView:
     """What the publish path reads: features and estimates per pair, estimates per task."""
 
     __slots__ = ("features", "tenant_features", "estimates", "task_estimates", "version",
-                 "fetched_at", "bounds", "class_estimates", "class_bounds", "classed")
+                 "fetched_at", "bounds", "class_estimates", "class_bounds", "classed",
+                 "calls", "called")
 
     def __init__(self, features: Mapping[Pair, History] | None = None,
                  estimates: Mapping[Pair, Estimate] | None = None,
@@ -207,9 +251,13 @@ class HistoryView:
                  tenant_features: Mapping[str, History] | None = None,
                  bounds: Mapping[str, tuple[float, float]] | None = None,
                  class_estimates: Mapping[SizeClass, Estimate] | None = None,
-                 class_bounds: Mapping[SizeClass, tuple[float, float]] | None = None
-                 ) -> None:
+                 class_bounds: Mapping[SizeClass, tuple[float, float]] | None = None,
+                 calls: Mapping[Call, CallHistory] | None = None) -> None:
         self.features = dict(features or {})
+        #: Per (task, call signature), the call features (:meth:`of_call`).
+        self.calls = dict(calls or {})
+        #: The tasks that have a call entry (the publish path signs only their calls).
+        self.called = frozenset(task for task, _ in self.calls)
         #: Per task, the cold-start upper bound and when it was computed (held_bound).
         self.bounds = dict(bounds or {})
         #: Per (task, magnitude class) that tells its calls apart from the task's longest:
@@ -231,11 +279,12 @@ class HistoryView:
                      version: int | None = None,
                      fetched_at: float | None = None,
                      previous: HistoryView | None = None,
-                     classes: Mapping[SizeClass, tuple[int, list[float]]] | None = None
+                     classes: Mapping[SizeClass, tuple[int, list[float]]] | None = None,
+                     calls: Mapping[Call, tuple[int, list[float]]] | None = None
                      ) -> HistoryView:
         """``previous``: the view before, whose bounds (of tasks and of magnitude classes)
         are held (a bound is let down slowly); ``classes``: the magnitude classes'
-        entries."""
+        entries; ``calls``: the calls' entries."""
         held = previous.bounds if previous is not None else {}
         now = time.monotonic() if fetched_at is None else fetched_at
         features, estimates = {}, {}
@@ -262,7 +311,9 @@ class HistoryView:
             classes or {}, longest, previous.class_bounds if previous else {}, now)
         return cls(features, estimates, task_estimates, version, now, tenant_features,
                    {task: (value, now) for task, value in longest.items()},
-                   class_estimates, class_bounds)
+                   class_estimates, class_bounds,
+                   {call: call_features(runtimes, count)
+                    for call, (count, runtimes) in (calls or {}).items()})
 
     def of_class(self, task: str, args: Any, kwargs: Any) -> Estimate | None:
         """The cold-start estimate of a call from the runs of its task's calls of the same
@@ -271,6 +322,25 @@ class HistoryView:
             return None
         magnitude = magnitude_class(args, kwargs)
         return None if magnitude is None else self.class_estimates.get((task, magnitude))
+
+    def of_call(self, task: str, args: Any, kwargs: Any) -> CallHistory | None:
+        """The call features of a task about to be published (None: no run of this call
+        is known)."""
+        if task not in self.called:
+            return None
+        return self.calls.get((task, call_signature(argument_features(args, kwargs))))
+
+    def of_repeated_call(self, task: str, args: Any, kwargs: Any) -> Estimate | None:
+        """The cold-start estimate of a call that ran at least twice: the mean of its last
+        two runs and the longer of them (None otherwise).
+
+        The task's held bound exists because its history cannot tell one call from
+        another; the runs of the same call can, so a call's own runs bound it."""
+        found = self.of_call(task, args, kwargs)
+        if found is None or found[2] < 2:
+            return None
+        last2, last, _ = found
+        return last2, max(last, 2.0 * last2 - last)  # the other of the two is 2*mean-last
 
     def of(self, tenant: str, task: str) -> History | None:
         """The history tuple of a task about to be published (None: nothing known)."""
@@ -284,18 +354,23 @@ EMPTY_HISTORY = HistoryView()
 class HistoryStore:
     """The summary's store operations (one round trip each)."""
 
-    def __init__(self, store: RedisStore, max_pairs: int = MAX_PAIRS) -> None:
+    def __init__(self, store: RedisStore, max_pairs: int = MAX_PAIRS,
+                 max_calls: int = MAX_CALLS) -> None:
         self.client = store.client
         self.key = store.keys.any("history")
         self.version_key = store.keys.any("history", "version")
         self.classes_key = store.keys.any("history", "classes")
+        self.calls_key = store.keys.any("history", "calls")
+        self.old_calls_key = store.keys.any("history", "calls", "old")
         self.max_pairs = max_pairs
+        self.max_calls = max_calls
         self._script = self.client.register_script(_ADD_RUNS)
 
     def add_runs(self, runs: Iterable[tuple[str, str, float] | Run]) -> int:
         """Add finished runs (``(tenant, task, runtime)``, or a :class:`Run` with its
-        magnitude class); returns how many were refused because the summary is full."""
-        args: list[Any] = [HISTORY_DEPTH, self.max_pairs]
+        magnitude class and call signature); returns how many were refused because the
+        summary is full."""
+        args: list[Any] = [HISTORY_DEPTH, self.max_pairs, CALL_DEPTH, self.max_calls]
         for run in runs:
             tenant, task, runtime = run[0], run[1], run[2]
             text = f"{runtime:.6g}"
@@ -305,11 +380,15 @@ class HistoryStore:
             magnitude = run[3] if len(run) > 3 else None
             if magnitude is not None:
                 args.extend((3, class_field(task, magnitude), text))
-        if len(args) == 2:
+            call = run[4] if len(run) > 4 else None
+            if call is not None:
+                args.extend((4, call_field(task, call), text))
+        if len(args) == 4:
             return 0
+        keys = [self.key, self.version_key, self.classes_key, self.calls_key,
+                self.old_calls_key]
         try:
-            return int(self._script(keys=[self.key, self.version_key, self.classes_key],
-                                    args=args))
+            return int(self._script(keys=keys, args=args))
         except (redis.RedisError, OSError) as exc:
             raise StoreError(f"store unreachable: {exc}") from exc
 
@@ -332,6 +411,13 @@ class HistoryStore:
         return {(task, int(magnitude)): entry
                 for magnitude, task, entry in self._entries(self.classes_key)
                 if magnitude.isdigit()}
+
+    def read_calls(self) -> dict[Call, tuple[int, list[float]]]:
+        """The calls' entries, by (task, signature): the older generation's, then the
+        current one's over them."""
+        return {(task, signature): entry
+                for key in (self.old_calls_key, self.calls_key)
+                for signature, task, entry in self._entries(key)}
 
     def _entries(self, key: str) -> list[tuple[str, str, tuple[int, list[float]]]]:
         """(before the first '|', after it, parsed value) of each field of hash ``key``
@@ -375,7 +461,8 @@ class HistorySource:
             previous.fetched_at = now
             return previous
         return HistoryView.from_entries(history.read(), version, now,
-                                        classes=history.read_classes(), previous=previous)
+                                        classes=history.read_classes(), previous=previous,
+                                        calls=history.read_calls())
 
 
 class HistorySink:
@@ -394,11 +481,11 @@ class HistorySink:
         self._lock = threading.Lock()
 
     def add(self, tenant: str, task: str, runtime_s: float,
-            magnitude: int | None = None) -> None:
+            magnitude: int | None = None, call: str | None = None) -> None:
         with self._lock:
             if len(self._runs) == self._runs.maxlen:
                 self.counters.incr("history_dropped")
-            self._runs.append(Run(tenant, task, runtime_s, magnitude))
+            self._runs.append(Run(tenant, task, runtime_s, magnitude, call))
 
     def flush(self, store: RedisStore) -> None:
         with self._lock:

@@ -1,13 +1,15 @@
 """The ``features`` and ``predict`` stages of the publish pipeline.
 
 Both only read what the refresher thread prepared (``view.sources``): the compiled model
-(:mod:`~celery_aitp.predict.model_source`) and the per-(tenant, task) history
-(:mod:`~celery_aitp.predict.history`). Neither does I/O or calls LightGBM.
+(:mod:`~celery_aitp.predict.model_source`) and the per-(tenant, task) and per-call
+history (:mod:`~celery_aitp.predict.history`). Neither does I/O or calls LightGBM.
 
 Prediction sources, best first (``decision.prediction_source``):
 
 ``model``         the current LightGBM model (compiled, cached by feature key), unless
                   the task's live error drifted beyond the bound (``prediction_drift``)
+``call_history``  cold start: the same call (this task with the same argument values)
+                  ran at least twice: the mean of its last two runs, and the longer one
 ``size_history``  cold start: the runs of this task's calls whose largest argument is of
                   the same magnitude, when they are reliably shorter than its longest
 ``history``       cold start: mean of the last two runs of this (tenant, task)
@@ -29,7 +31,12 @@ from celery_aitp.core.request import MODEL_PREDICTION, Decision, Request, runtim
 from celery_aitp.core.view import View
 from celery_aitp.predict.drift import DRIFT_SOURCE, EMPTY_DRIFT, DriftSource
 from celery_aitp.predict.features import base_of
-from celery_aitp.predict.history import EMPTY_HISTORY, HISTORY_SOURCE, HistorySource
+from celery_aitp.predict.history import (
+    EMPTY_HISTORY,
+    HISTORY_SOURCE,
+    HistorySource,
+    HistoryView,
+)
 from celery_aitp.predict.model_source import MODEL_SOURCE, ModelSource
 
 
@@ -51,12 +58,13 @@ class FeatureStage:
             return  # cold start needs no features; or the caller computed the key
         tenant = decision.tenant
         task = request.task
-        history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).of(tenant, task)
+        known = sources.get(HISTORY_SOURCE, EMPTY_HISTORY)
         # the key alone when the model can be walked over it, else the vector
         build = model.request_key or model.spec.vector
         found = build(task, tenant, request.args, request.kwargs, request.args_bytes,
                       request.kwargs_bytes, request.declared.get("runtime_hint_s"),
-                      request.retries, request.published_at, history)
+                      request.retries, request.published_at, known.of(tenant, task),
+                      known.of_call(task, request.args, request.kwargs))
         if model.request_key is not None:
             decision.feature_key = found
         else:
@@ -100,22 +108,32 @@ class PredictStage:
             decision.predicted_p90_s = p90
             decision.prediction_source = MODEL_PREDICTION
             return
-        history = view.sources.get(HISTORY_SOURCE, EMPTY_HISTORY)
-        found = history.of_class(request.task, request.args, request.kwargs)
-        source = "size_history"
-        if found is None:
-            found = history.estimates.get((decision.tenant, request.task))
-            source = "history"
-        if found is None:
-            found = history.task_estimates.get(request.task)
-            source = "task_history"
-        if found is None:
-            hint = runtime_hint(request.declared)
-            if hint is not None:
-                found, source = (hint, hint), "hint"
+        found = cold_start(view.sources.get(HISTORY_SOURCE, EMPTY_HISTORY), request,
+                           decision.tenant)
         if found is not None:
-            decision.predicted_runtime_s, decision.predicted_p90_s = found
-            decision.prediction_source = source
+            decision.predicted_runtime_s, decision.predicted_p90_s, \
+                decision.prediction_source = found
+
+
+def cold_start(history: HistoryView, request: Request, tenant: str
+               ) -> tuple[float, float, str] | None:
+    """(p50, p90, source) without a model: the first source in the module's list that
+    knows the task (None when none does)."""
+    task = request.task
+    found = history.of_repeated_call(task, request.args, request.kwargs)
+    if found is not None:
+        return (*found, "call_history")
+    found = history.of_class(task, request.args, request.kwargs)
+    if found is not None:
+        return (*found, "size_history")
+    found = history.estimates.get((tenant, task))
+    if found is not None:
+        return (*found, "history")
+    found = history.task_estimates.get(task)
+    if found is not None:
+        return (*found, "task_history")
+    hint = runtime_hint(request.declared)
+    return None if hint is None else (hint, hint, "hint")
 
 
 def prediction_stages(clock: Callable[[], float] | None = None

@@ -272,7 +272,8 @@ class PriorityStage:
 
 
 #: Prediction sources whose sizes are the history's bounds, per task or per magnitude
-#: class of a task (cold start).
+#: class of a task (cold start). ``call_history`` is not one: a repeated call's own runs
+#: size that call alone, as a model's prediction does, so it ranks with the model's.
 HISTORY_SOURCES = frozenset({"size_history", "history", "task_history"})
 #: Suffix of the size histogram (and boundaries) of those sizes.
 HISTORY_FAMILY = "~history"

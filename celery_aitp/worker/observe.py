@@ -22,7 +22,7 @@ from celery import signals
 
 from celery_aitp.core.request import read_header
 from celery_aitp.predict.drift import DriftSink
-from celery_aitp.predict.features import argument_features, magnitude_class
+from celery_aitp.predict.features import argument_features, call_signature, magnitude_class
 from celery_aitp.predict.history import HistorySink
 from celery_aitp.worker.ledger import RunLedger
 from celery_aitp.worker.meter import RunMeter, make_probe
@@ -130,8 +130,12 @@ def record_run(ledger: RunLedger, history: HistorySink, record: Mapping[str, Any
     call it too."""
     ledger.add(record)
     if record.get("outcome") == "SUCCESS" and record.get("tenant"):
+        arguments = record.get("features")
+        if not isinstance(arguments, Mapping):
+            arguments = argument_features(record.get("args"), record.get("kwargs"))
         history.add(record["tenant"], record["task"], record["runtime_s"],
-                    magnitude_class(record.get("args"), record.get("kwargs")))
+                    magnitude_class(record.get("args"), record.get("kwargs")),
+                    call_signature(arguments))
         if drift is not None and record.get("prediction_source") == "model":
             drift.add(record["task"], record["runtime_s"], record.get("predicted_runtime_s"))
 

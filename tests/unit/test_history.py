@@ -7,7 +7,7 @@ import math
 import pytest
 
 from celery_aitp.errors import StoreError
-from celery_aitp.predict.features import HISTORY_DEPTH
+from celery_aitp.predict.features import HISTORY_DEPTH, argument_features, call_signature
 from celery_aitp.predict.history import (
     BOUND_HALF_LIFE_S,
     EMPTY_HISTORY,
@@ -203,3 +203,63 @@ def test_a_worker_records_the_magnitude_class_of_a_runs_arguments(store):
     sink.flush(store)
     assert HistoryStore(store).read_classes() == {("job", 6): (1, [0.03])}
     assert HistoryStore(store).read()[("acme", "job")][0] == 2
+
+
+def test_runs_are_kept_per_call_of_their_task_over_every_tenant(store):
+    history = HistoryStore(store)
+    history.add_runs([Run("acme", "job", 0.3, None, "aa"), Run("globex", "job", 0.5, None, "aa"),
+                      Run("acme", "job", 0.4, None, "aa"), Run("acme", "job", 9.0, None, "bb"),
+                      Run("acme", "other", 1.0, None, "aa"), Run("acme", "job", 2.0)])
+    assert history.read_calls() == {("job", "aa"): (3, [0.4, 0.5]),  # the last two only
+                                     ("job", "bb"): (1, [9.0]), ("other", "aa"): (1, [1.0])}
+    assert history.read()[("acme", "job")][0] == 4  # the pair's history as before
+
+
+def test_a_full_calls_hash_starts_over_and_repeating_calls_keep_their_history(store):
+    history = HistoryStore(store, max_calls=3)
+    history.add_runs([Run("t", "job", float(i), None, f"c{i}") for i in range(3)])
+    assert store.client.hlen(history.calls_key) == 3
+    history.add_runs([Run("t", "job", 5.0, None, "c3")])  # full: a new generation
+    assert store.client.hlen(history.calls_key) == 1
+    assert store.client.hlen(history.old_calls_key) == 3
+    history.add_runs([Run("t", "job", 7.0, None, "c0")])  # moves over with its runs
+    assert store.client.hget(history.calls_key, "c0|job") == b"2;7,0"
+    calls = history.read_calls()
+    assert calls[("job", "c0")] == (2, [7.0, 0.0]) and calls[("job", "c1")] == (1, [1.0])
+    assert len(calls) == 4  # both generations are read
+    history.add_runs([Run("t", "job", 1.0, None, f"d{i}") for i in range(5)])
+    assert store.client.hlen(history.calls_key) <= 3  # never more than two generations
+    assert store.client.hlen(history.old_calls_key) <= 3
+
+
+def test_a_view_gives_a_calls_features_from_its_arguments():
+    signature = call_signature(argument_features((40,), {"rows": 9}))
+    view = HistoryView.from_entries({("acme", "job"): (3, [1.0, 2.0, 3.0])},
+                                    calls={("job", signature): (5, [0.2, 0.4])})
+    assert view.of_call("job", (40,), {"rows": 9}) == pytest.approx((0.3, 0.2, 5))
+    assert view.of_call("job", [40], {"rows": 9}) == pytest.approx((0.3, 0.2, 5))
+    assert view.of_call("job", (41,), {"rows": 9}) is None  # another call
+    assert view.of_call("other", (40,), {"rows": 9}) is None
+    assert EMPTY_HISTORY.of_call("job", (40,), {"rows": 9}) is None
+
+
+def test_the_source_reads_the_calls(store):
+    HistoryStore(store).add_runs([Run("acme", "job", 0.5, None, "aa")])
+    view = HistorySource().fetch(store, EMPTY_HISTORY)
+    assert view.calls == {("job", "aa"): (0.5, 0.5, 1)} and view.called == {"job"}
+
+
+def test_a_worker_records_the_call_of_a_runs_arguments(store):
+    from celery_aitp.worker.observe import record_run
+
+    sink = HistorySink(Counters())
+    ledger = type("Ledger", (), {"add": lambda self, record: None})()
+    base = {"task": "job", "tenant": "acme", "outcome": "SUCCESS", "runtime_s": 0.03,
+            "args": [40], "kwargs": {"rows": 9}}
+    record_run(ledger, sink, base)  # no recorded features: signed from the arguments
+    features = {**argument_features((40,), {"rows": 9}, 4, 11), "arg1": None}
+    record_run(ledger, sink, {**base, "runtime_s": 0.05, "features": features})
+    record_run(ledger, sink, {**base, "outcome": "FAILURE", "runtime_s": 9.0})
+    sink.flush(store)
+    signature = call_signature(argument_features((40,), {"rows": 9}))
+    assert HistoryStore(store).read_calls() == {("job", signature): (2, [0.05, 0.03])}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from celery_aitp.core.view import View
 from celery_aitp.learn.train import TrainConfig, train
 from celery_aitp.predict.bundle import ModelBundle
 from celery_aitp.predict.compiled import GRID_STEPS, on_grid
+from celery_aitp.predict.features import argument_features, call_signature
 from celery_aitp.predict.history import HISTORY_SOURCE, HistoryStore, Run
 from celery_aitp.predict.model_source import MODEL_SOURCE
 from celery_aitp.predict.model_store import ModelStore
@@ -88,6 +90,23 @@ def test_cold_start_tells_short_calls_of_a_task_from_long_ones(synthetic_app, st
     assert h["prediction_source"] == "history"
 
 
+def test_cold_start_sizes_a_call_that_ran_twice_by_its_own_runs(synthetic_app, store,
+                                                                 published):
+    def call(*args: Any) -> str:
+        return call_signature(argument_features(args, {}))
+
+    runs = [Run("globex", "media.resize", 0.04, None, call(40)),
+            Run("acme", "media.resize", 0.06, None, call(40)),
+            Run("acme", "media.resize", 1.5, None, call(41))]
+    HistoryStore(store).add_runs(runs)
+    refreshed(synthetic_app)
+    h = publish(synthetic_app, published, "media.resize", 40)  # ran twice, either tenant
+    assert (h["predicted_runtime_s"], h["predicted_p90_s"], h["prediction_source"]) == \
+        (pytest.approx(0.05), pytest.approx(0.06), "call_history")
+    h = publish(synthetic_app, published, "media.resize", 41)  # once: not yet its own
+    assert (h["predicted_p90_s"], h["prediction_source"]) == (1.5, "history")
+
+
 def test_the_model_predicts_once_promoted(synthetic_app, store, published, trained):
     make_live(store, "aitp.acme.cpu.lo")
     HistoryStore(store).add_runs([("acme", "media.resize", 0.2)])
@@ -116,6 +135,35 @@ def test_the_model_predicts_once_promoted(synthetic_app, store, published, train
     assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == (on_grid(low) * 0.2,
                                                                 on_grid(high) * 0.2)
     assert h["predicted_p90_s"] >= h["predicted_runtime_s"] > 0
+
+
+def test_the_model_predicts_a_call_from_the_runs_workers_recorded_of_it(
+        synthetic_app, store, published):
+    rng = random.Random(3)
+    cost = {account: 10 ** rng.uniform(-2, 1) for account in range(200)}
+    records, now = [], 1.7e9
+    for _ in range(3000):  # accounts whose runtimes nothing in their arguments tells
+        account, now = rng.randrange(200), now + 0.5
+        records.append({"task": "reports.build", "tenant": "acme", "args": [],
+                        "kwargs": {"account": account}, "published_at": now,
+                        "runtime_s": cost[account] * rng.uniform(0.9, 1.1)})
+    trained = train(records, TrainConfig(rounds=40, p90_rounds=5, probe_rounds=15))
+    assert trained.bundle is not None
+    make_live(store, "aitp.acme.cpu.lo")
+    ModelStore(store).promote(trained.bundle)
+    slow, fast = ({"account": 1000 + i} for i in range(2))  # accounts never trained on
+    HistoryStore(store).add_runs(  # runs of other tenants count: the call is the same
+        [Run("globex", "reports.build", seconds, None, call_signature(argument_features(
+            (), kwargs))) for seconds, kwargs in ((5.0, slow), (5.0, slow), (0.05, fast))])
+    refreshed(synthetic_app)
+    slow_h = publish(synthetic_app, published, "reports.build", **slow)
+    fast_h = publish(synthetic_app, published, "reports.build", **fast)
+    unknown_h = publish(synthetic_app, published, "reports.build", account=1002)
+    assert slow_h["prediction_source"] == fast_h["prediction_source"] == "model"
+    assert 2.5 < slow_h["predicted_runtime_s"] < 10.0
+    assert 0.025 < fast_h["predicted_runtime_s"] < 0.1
+    assert unknown_h["predicted_runtime_s"] not in (slow_h["predicted_runtime_s"],
+                                                    fast_h["predicted_runtime_s"])
 
 
 def test_a_direct_model_predicts_without_the_history_estimate(
