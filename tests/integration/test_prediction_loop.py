@@ -57,6 +57,15 @@ def test_runs_are_recorded_a_model_is_promoted_and_picked_up(proj, start_worker)
     task_bound = mw.live.current().sources["aitp.history"].bounds[proj.nap.name][0]
     assert all(bound <= task_bound / 2 for _, bound in sized)
 
+    # ... and per call (the naps of one length), for the model's call features
+    def runs_of_one_call():
+        mw.live.refresh()
+        found = mw.live.current().sources["aitp.history"].of_call(proj.nap.name,
+                                                                  [sleeps[0]], {})
+        return found if found is not None and found[2] == sleeps.count(sleeps[0]) else None
+    last2, last, _ = wait_for(runs_of_one_call, 10, "the runs of one call")
+    assert min(last2, last) >= sleeps[0] / 1000
+
     result = CliRunner().invoke(aitp, ["train", "--min-records", "50"],
                                 obj=SimpleNamespace(app=proj.app), catch_exceptions=False)
     assert result.exit_code == 0, result.output
