@@ -256,8 +256,10 @@ class HistoryView:
         self.features = dict(features or {})
         #: Per (task, call signature), the call features (:meth:`of_call`).
         self.calls = dict(calls or {})
-        #: The tasks that have a call entry (the publish path signs only their calls).
-        self.called = frozenset(task for task, _ in self.calls)
+        #: The tasks some call of which ran more than once: the publish path signs only
+        #: their calls (a task whose calls never repeat, one id per call, pays nothing).
+        self.called = frozenset(task for (task, _), found in self.calls.items()
+                                if found[2] >= 2)
         #: Per task, the cold-start upper bound and when it was computed (held_bound).
         self.bounds = dict(bounds or {})
         #: Per (task, magnitude class) that tells its calls apart from the task's longest:
@@ -325,7 +327,7 @@ class HistoryView:
 
     def of_call(self, task: str, args: Any, kwargs: Any) -> CallHistory | None:
         """The call features of a task about to be published (None: no run of this call
-        is known)."""
+        is known, or no call of this task has run twice yet)."""
         if task not in self.called:
             return None
         return self.calls.get((task, call_signature(argument_features(args, kwargs))))

@@ -241,12 +241,18 @@ def test_a_view_gives_a_calls_features_from_its_arguments():
     assert view.of_call("job", (41,), {"rows": 9}) is None  # another call
     assert view.of_call("other", (40,), {"rows": 9}) is None
     assert EMPTY_HISTORY.of_call("job", (40,), {"rows": 9}) is None
+    # a task none of whose calls ran twice is not signed at all (its calls do not repeat)
+    once = HistoryView.from_entries({}, calls={("job", signature): (1, [0.2])})
+    assert once.called == frozenset() and once.of_call("job", (40,), {"rows": 9}) is None
 
 
 def test_the_source_reads_the_calls(store):
     HistoryStore(store).add_runs([Run("acme", "job", 0.5, None, "aa")])
     view = HistorySource().fetch(store, EMPTY_HISTORY)
-    assert view.calls == {("job", "aa"): (0.5, 0.5, 1)} and view.called == {"job"}
+    assert view.calls == {("job", "aa"): (0.5, 0.5, 1)} and view.called == frozenset()
+    HistoryStore(store).add_runs([Run("acme", "job", 0.7, None, "aa")])
+    view = HistorySource(interval_s=0).fetch(store, view)
+    assert view.calls == {("job", "aa"): (0.6, 0.7, 2)} and view.called == {"job"}
 
 
 def test_a_worker_records_the_call_of_a_runs_arguments(store):
