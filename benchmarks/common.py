@@ -11,7 +11,8 @@ from typing import Any
 from celery_aitp.learn import synthetic
 from celery_aitp.learn.train import TrainConfig, TrainResult, train
 from celery_aitp.predict.bundle import ModelBundle
-from celery_aitp.predict.history import HistoryStore
+from celery_aitp.predict.features import argument_features, call_signature
+from celery_aitp.predict.history import HistoryStore, Run
 from celery_aitp.predict.model_source import MODEL_SOURCE
 from celery_aitp.predict.model_store import ModelStore
 
@@ -59,9 +60,11 @@ def install_model(middleware: Any, bundle: ModelBundle | None,
     """Promote ``bundle`` (if any) and runs into a deployment, and load them now."""
     if bundle is not None:
         ModelStore(middleware.store).promote(bundle)
-    if history:
+    if history:  # with each run's call, as a worker records it
         HistoryStore(middleware.store).add_runs(
-            (r["tenant"], r["task"], r["runtime_s"]) for r in history)
+            Run(r["tenant"], r["task"], r["runtime_s"], None,
+                call_signature(argument_features(r.get("args"), r.get("kwargs"))))
+            for r in history)
     for src in middleware.pipeline.sources():
         if hasattr(src, "interval_s"):
             src.interval_s = 0.0  # re-read the history at once
