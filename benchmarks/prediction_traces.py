@@ -35,7 +35,7 @@ from celery_aitp.learn import synthetic  # noqa: E402
 from celery_aitp.learn.dataset import Observation, build_dataset  # noqa: E402
 from celery_aitp.learn.swf import SwfResult, open_text, swf_records  # noqa: E402
 from celery_aitp.learn.train import TrainConfig, bundle_seconds, train  # noqa: E402
-from celery_aitp.predict.features import HISTORY_FEATURES, call_signature  # noqa: E402
+from celery_aitp.predict.features import HISTORY_FEATURES  # noqa: E402
 
 TRAIN_SHARE = 0.7
 MAE_TARGET = 0.85
@@ -80,18 +80,15 @@ def last_two(candidates: list[Observation], at: float) -> float | None:
 
 def leak_probe(observations: list[Observation], test: list[Observation],
                seed: int = 1) -> tuple[int, int]:
-    """(matching, probed): recount a sample's history (its pair's, its tenant's and its
-    call's last two) from every run by brute force.
+    """(matching, probed): recount a sample's history from every run by brute force.
 
     A history that used a run finished after the task's publication (a leak) would
     differ from the recount."""
     by_pair: dict[tuple[str, str], list[Observation]] = {}
     by_tenant: dict[str, list[Observation]] = {}
-    by_call: dict[tuple[str, str], list[Observation]] = {}
     for o in observations:
         by_pair.setdefault((o.tenant, o.task), []).append(o)
         by_tenant.setdefault(o.tenant, []).append(o)
-        by_call.setdefault((o.task, call_signature(o.arguments)), []).append(o)
     sample = random.Random(seed).sample(test, min(PROBE_SAMPLE, len(test)))
     matching = 0
     for o in sample:
@@ -101,9 +98,7 @@ def leak_probe(observations: list[Observation], test: list[Observation],
         got_pair = history[0] if history is not None and history[0] == history[0] else None
         got_tenant = history[_TENANT] if history is not None else None
         got_tenant = got_tenant if got_tenant == got_tenant else None
-        call = last_two(by_call[(o.task, call_signature(o.arguments))], o.published_at)
-        got_call = o.call[0] if o.call is not None else None
-        if _close(pair, got_pair) and _close(tenant, got_tenant) and _close(call, got_call):
+        if _close(pair, got_pair) and _close(tenant, got_tenant):
             matching += 1
     return matching, len(sample)
 

@@ -32,7 +32,6 @@ from benchmarks.workload import SLOTS  # noqa: E402
 from celery_aitp.cli.output import console, table  # noqa: E402
 from celery_aitp.cli.replay import execute  # noqa: E402
 from celery_aitp.predict.bundle import ModelBundle  # noqa: E402
-from celery_aitp.predict.features import SCHEMA  # noqa: E402
 from celery_aitp.replay.app import app_declarations, embedded_stores, policies_for_app  # noqa: E402
 from celery_aitp.replay.metrics import RunStats, run_stats  # noqa: E402
 from celery_aitp.replay.runner import (  # noqa: E402
@@ -104,10 +103,6 @@ def main(argv: list[str] | None = None) -> int:
     big_tally, small_tally = [0, 0], [0, 0]  # figures checked, figures off
     model_dir = args.results / "scheduling-model"
     model = ModelBundle.read(model_dir) if model_dir.is_dir() else None
-    if model is not None and model.meta.get("schema") != SCHEMA:
-        raise SystemExit(f"{model_dir} holds a model of feature schema "
-                         f"{model.meta.get('schema')!r}, this code computes {SCHEMA}: "
-                         "run benchmarks/scheduling.py again first")
     console.print(f"runtime model: {model.version if model else 'none (cold start)'}")
     with embedded_stores(model=model) as stores, tempfile.TemporaryDirectory() as scratch:
         config.store_factory = stores

@@ -23,11 +23,8 @@ from typing import Any
 from celery_aitp.predict.features import (
     HISTORY_DEPTH,
     KWARG_PREFIX,
-    CallHistory,
     History,
     argument_features,
-    call_features,
-    call_signature,
     history_features,
 )
 
@@ -47,7 +44,7 @@ class Observation:
     """One usable record, reduced to what features and metrics need."""
 
     __slots__ = ("index", "task", "tenant", "published_at", "runtime_s", "finished_at",
-                 "arguments", "hint_s", "retries", "history", "call")
+                 "arguments", "hint_s", "retries", "history")
 
     def __init__(self, index: int, task: str, tenant: str, published_at: float,
                  runtime_s: float | None, finished_at: float | None,
@@ -62,7 +59,6 @@ class Observation:
         self.hint_s = hint_s
         self.retries = retries
         self.history: History | None = None
-        self.call: CallHistory | None = None
 
 
 def _repr_length(value: Any) -> int:
@@ -219,8 +215,7 @@ def build_dataset(records: Iterable[Any], need_runtime: bool = True,
 
 def attach_history(observations: list[Observation]) -> None:
     """Set each observation's history from runs that had finished when it was published:
-    its (tenant, task)'s and its tenant's (any task), and its call's (the task's runs
-    with the same argument values, any tenant), as the store's summary keeps them."""
+    its (tenant, task)'s and its tenant's (any task), as the store's summary keeps them."""
     events: list[tuple[float, int, int]] = []  # (time, 0=finish/1=publish, position)
     for pos, obs in enumerate(observations):
         events.append((obs.published_at, 1, pos))
@@ -230,13 +225,9 @@ def attach_history(observations: list[Observation]) -> None:
     recent: dict[tuple[str, str], deque[float]] = {}
     by_tenant: dict[str, deque[float]] = {}
     counts: Counter[tuple[str, str]] = Counter()
-    calls: dict[tuple[str, str], deque[float]] = {}
-    call_counts: Counter[tuple[str, str]] = Counter()
-    signatures = [(obs.task, call_signature(obs.arguments)) for obs in observations]
     for _, kind, pos in events:
         obs = observations[pos]
         pair = (obs.tenant, obs.task)
-        call = signatures[pos]
         if kind == 0:
             runtime = obs.runtime_s or 0.0
             runs = recent.get(pair)
@@ -248,18 +239,11 @@ def attach_history(observations: list[Observation]) -> None:
                 tenant_runs = by_tenant[obs.tenant] = deque(maxlen=2)
             tenant_runs.appendleft(runtime)
             counts[pair] += 1
-            call_runs = calls.get(call)
-            if call_runs is None:
-                call_runs = calls[call] = deque(maxlen=2)
-            call_runs.appendleft(runtime)
-            call_counts[call] += 1
         else:
             runs = recent.get(pair)
             tenant_runs = by_tenant.get(obs.tenant)
             obs.history = (history_features(runs or (), counts[pair], tenant_runs or ())
                            if runs or tenant_runs else None)
-            call_runs = calls.get(call)
-            obs.call = call_features(list(call_runs), call_counts[call]) if call_runs else None
 
 
 class Unreadable:

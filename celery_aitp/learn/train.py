@@ -213,7 +213,7 @@ class Matrix:
         import numpy as np
 
         rows = [spec.row(o.task, o.tenant, o.arguments, o.hint_s, o.retries, o.published_at,
-                         o.history, o.call) for o in observations]
+                         o.history) for o in observations]
         self.x = np.array(rows, dtype=np.float64).reshape(len(rows), len(spec.names))
         bases = ([base_of(o.history, base_default_s) for o in observations]
                  if base_default_s is not None else [1.0] * len(observations))

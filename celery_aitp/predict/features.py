@@ -5,7 +5,7 @@ arguments are (nested, huge, NaN, objects of any type). The same functions build
 rows the trainer learns from (from observation records) and the vector the publish path
 predicts from, so the two cannot drift apart.
 
-Feature list (schema 4), in vector order:
+Feature list (schema 3), in vector order:
 
 ========================  ==================================================================
 ``task``, ``tenant``      categorical codes from the model's vocabulary (unknown: missing)
@@ -27,9 +27,6 @@ Feature list (schema 4), in vector order:
                           than the one before (< 0)
 ``t_last2``               mean of the tenant's last two runs, whatever the task
 ``base_s``                the history estimate the model corrects (:func:`base_of`)
-``c_last2``, ``c_last``,  mean of the last two runs and the last run of the same *call*
-``c_count``               (this task with the same argument values, any tenant:
-                          :func:`call_signature`), and how many runs it has (capped)
 ``kw.<name>``             value of keyword argument ``name``, for the names the model chose
 ========================  ==================================================================
 
@@ -43,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from itertools import islice
 from typing import Any
 
@@ -59,7 +56,7 @@ HISTORY_DEPTH = 20
 #: ``h_count`` is capped here: beyond it, more history says nothing new.
 HISTORY_COUNT_CAP = 100
 #: Feature schema version; a model trained on another schema is refused.
-SCHEMA = 4
+SCHEMA = 3
 
 BASE_FEATURES: tuple[str, ...] = (
     "task", "tenant", "n_args", "n_kwargs", "args_bytes", "kwargs_bytes",
@@ -67,13 +64,9 @@ BASE_FEATURES: tuple[str, ...] = (
     "hint_s", "retries", "hour", "weekday", *(
         "h_last2", "h_mean", "h_count", "h_last", "h_prev", "h_spread", "h_median",
         "h_median_r", "h_mean_r", "h_trend", "t_last2", "base_s"),
-    "c_last2", "c_last", "c_count",
 )
 #: The history features, in the order of a history tuple (:func:`history_features`).
-HISTORY_FEATURES: tuple[str, ...] = BASE_FEATURES[
-    BASE_FEATURES.index("h_last2"):BASE_FEATURES.index("base_s") + 1]
-#: The same call's features, in the order of a call tuple (:func:`call_features`).
-CALL_FEATURES: tuple[str, ...] = BASE_FEATURES[BASE_FEATURES.index("c_last2"):]
+HISTORY_FEATURES: tuple[str, ...] = BASE_FEATURES[BASE_FEATURES.index("h_last2"):]
 CATEGORICAL: tuple[str, ...] = ("task", "tenant")
 #: The argument features a worker records with each run (plus ``kw.<name>`` entries).
 ARGUMENT_FEATURES: tuple[str, ...] = BASE_FEATURES[2:6 + POSITIONAL]
@@ -85,8 +78,6 @@ _SIZED_BASES = (str, bytes, bytearray, list, tuple, dict, set, frozenset)
 History = tuple[float, float, int, float, float, float, float, float, float, float, float,
                 float]
 _NO_HISTORY: History = (NAN, NAN, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN)
-CallHistory = tuple[float, float, int]
-_NO_CALL: CallHistory = (NAN, NAN, 0)
 #: Runtimes are clipped here before a ratio or a log (a zero-second run).
 _TINY = 1e-4
 
@@ -248,11 +239,11 @@ def call_signature(arguments: Mapping[str, Any]) -> str:
     :func:`argument_features` gives, or a run's recorded ``features``).
 
     Calls of a task with the same values usually take the same time: a report for the
-    same account, a job resubmitted with the same size and time request (on the public
-    batch logs, the runs of the same call predict a run better than anything else the
-    model sees). Values are read as :func:`value_of` reads them, so a string counts by its
-    length and the signature holds no argument's content; missing values (None, NaN, an
-    object) are one token. Stable across processes (not Python's ``hash``).
+    same account, a job resubmitted with the same size and time request; the history
+    keeps the last runs of each call (:mod:`~celery_aitp.predict.history`). Values are
+    read as :func:`value_of` reads them, so a string counts by its length and the
+    signature holds no argument's content; missing values (None, NaN, an object) are
+    one token. Stable across processes (not Python's ``hash``).
     """
     parts = []
     for name in sorted(arguments):
@@ -263,15 +254,6 @@ def call_signature(arguments: Mapping[str, Any]) -> str:
             value = NAN
         parts.append(f"{name}={'-' if value != value else repr(float(value))}")
     return hashlib.blake2b(";".join(parts).encode(), digest_size=8).hexdigest()
-
-
-def call_features(runtimes: Sequence[float], count: int) -> CallHistory:
-    """The call tuple from the newest-first recent runtimes of a call (see the feature
-    list above)."""
-    if not runtimes:
-        return _NO_CALL
-    last2 = runtimes[:2]
-    return sum(last2) / len(last2), runtimes[0], min(int(count), HISTORY_COUNT_CAP)
 
 
 class FeatureSpec:
@@ -294,10 +276,8 @@ class FeatureSpec:
 
     def vector(self, task: str, tenant: str, args: Any, kwargs: Any, args_bytes: Any,
                kwargs_bytes: Any, hint_s: Any, retries: Any, published_at: Any,
-               history: tuple[float, ...] | None, call: CallHistory | None = None
-               ) -> tuple[float | int, ...]:
-        """The feature vector at publish time (``history`` and ``call`` from the history
-        source)."""
+               history: tuple[float, ...] | None) -> tuple[float | int, ...]:
+        """The feature vector at publish time (``history`` from the history source)."""
         if type(args) is not tuple and type(args) is not list:
             args = ()
         n_args = len(args)
@@ -326,12 +306,12 @@ class FeatureSpec:
             value_of(args[3]) if n_args > 3 else NAN,
             NAN if hint_s is None else _number_or_nan(hint_s),
             retries if type(retries) is int else NAN,
-            hour, weekday, *hist, *(call or _NO_CALL), *named,
+            hour, weekday, *hist, *named,
         )
 
     def row(self, task: str, tenant: str, arguments: Mapping[str, Any], hint_s: Any,
-            retries: Any, published_at: Any, history: tuple[float, ...] | None,
-            call: CallHistory | None = None) -> list[float]:
+            retries: Any, published_at: Any,
+            history: tuple[float, ...] | None) -> list[float]:
         """A training row from recorded argument features (see :func:`argument_features`)."""
         hour, weekday = hour_and_weekday(published_at)
         hist = history or _NO_HISTORY
@@ -342,7 +322,7 @@ class FeatureSpec:
             get("kwargs_bytes", NAN),
             *(get(name, NAN) for name in _POSITIONAL_NAMES),
             _number_or_nan(hint_s), retries if type(retries) is int else NAN,
-            hour, weekday, *hist, *(call or _NO_CALL),
+            hour, weekday, *hist,
             *(get(name, NAN) for name in self._recorded_kwargs),
         ]
         # the common cases of _as_float inline: it runs for every value of every row

@@ -41,11 +41,10 @@ import redis
 
 from celery_aitp.errors import StoreError
 from celery_aitp.predict.features import (
+    HISTORY_COUNT_CAP,
     HISTORY_DEPTH,
-    CallHistory,
     History,
     argument_features,
-    call_features,
     call_signature,
     history_features,
     magnitude_class,
@@ -60,7 +59,7 @@ HISTORY_SOURCE = "aitp.history"
 MAX_PAIRS = 10_000
 #: Calls one generation of ``history:calls`` holds (two generations are kept).
 MAX_CALLS = 10_000
-#: Runtimes kept per call: the call features need the last two.
+#: Runtimes kept per call: its estimate needs the last two.
 CALL_DEPTH = 2
 #: Producers re-read the summary at most this often (seconds).
 FETCH_INTERVAL_S = 2.0
@@ -79,6 +78,8 @@ Estimate = tuple[float, float]
 SizeClass = tuple[str, int]
 #: (task, call signature).
 Call = tuple[str, str]
+#: A call's recent runs: (mean of its last two, its last, how many it had; capped).
+CallRuns = tuple[float, float, int]
 
 
 class Run(NamedTuple):
@@ -151,6 +152,12 @@ def class_field(task: str, magnitude: int) -> str:
 def call_field(task: str, signature: str) -> str:
     """Hash field of a call (``<signature>|<task>``: a signature is hex digits)."""
     return f"{signature}|{task}"
+
+
+def call_runs(runtimes: list[float], count: int) -> CallRuns:
+    """A call's entry as the view keeps it, from its newest-first runtimes."""
+    last2 = runtimes[:2]
+    return sum(last2) / len(last2), runtimes[0], min(int(count), HISTORY_COUNT_CAP)
 
 
 def parse_entry(raw: Any) -> tuple[int, list[float]] | None:
@@ -252,9 +259,9 @@ class HistoryView:
                  bounds: Mapping[str, tuple[float, float]] | None = None,
                  class_estimates: Mapping[SizeClass, Estimate] | None = None,
                  class_bounds: Mapping[SizeClass, tuple[float, float]] | None = None,
-                 calls: Mapping[Call, CallHistory] | None = None) -> None:
+                 calls: Mapping[Call, CallRuns] | None = None) -> None:
         self.features = dict(features or {})
-        #: Per (task, call signature), the call features (:meth:`of_call`).
+        #: Per (task, call signature), its recent runs (:meth:`of_call`).
         self.calls = dict(calls or {})
         #: The tasks some call of which ran more than once: the publish path signs only
         #: their calls (a task whose calls never repeat, one id per call, pays nothing).
@@ -314,7 +321,7 @@ class HistoryView:
         return cls(features, estimates, task_estimates, version, now, tenant_features,
                    {task: (value, now) for task, value in longest.items()},
                    class_estimates, class_bounds,
-                   {call: call_features(runtimes, count)
+                   {call: call_runs(runtimes, count)
                     for call, (count, runtimes) in (calls or {}).items()})
 
     def of_class(self, task: str, args: Any, kwargs: Any) -> Estimate | None:
@@ -325,9 +332,9 @@ class HistoryView:
         magnitude = magnitude_class(args, kwargs)
         return None if magnitude is None else self.class_estimates.get((task, magnitude))
 
-    def of_call(self, task: str, args: Any, kwargs: Any) -> CallHistory | None:
-        """The call features of a task about to be published (None: no run of this call
-        is known, or no call of this task has run twice yet)."""
+    def of_call(self, task: str, args: Any, kwargs: Any) -> CallRuns | None:
+        """The recent runs of a call about to be published (None: no run of this call is
+        known, or no call of this task has run twice yet)."""
         if task not in self.called:
             return None
         return self.calls.get((task, call_signature(argument_features(args, kwargs))))

@@ -18,11 +18,9 @@ from typing import Any
 
 from celery_aitp.predict.compiled import CompiledRuntimeModel
 from celery_aitp.predict.features import (
-    _NO_CALL,
     _NO_HISTORY,
     BASE_FEATURES,
     BIG,
-    CALL_FEATURES,
     HISTORY_FEATURES,
     NAN,
     FeatureSpec,
@@ -33,7 +31,7 @@ from celery_aitp.predict.features import (
 
 RequestKey = Callable[..., tuple[Any, ...]]
 _ARGS = ("task", "tenant", "args", "kwargs", "args_bytes", "kwargs_bytes", "hint_s",
-         "retries", "published_at", "history", "call")
+         "retries", "published_at", "history")
 _BASE = {name: j for j, name in enumerate(BASE_FEATURES)}
 
 
@@ -56,7 +54,6 @@ def _raw(j: int, spec: FeatureSpec) -> str:
         "retries": "(retries if type(retries) is int else NAN)",
         "hour": "hour", "weekday": "weekday",
         **{h: f"hist[{i}]" for h, i in _HISTORY.items()},
-        **{c: f"(call or _NOC)[{i}]" for i, c in enumerate(CALL_FEATURES)},
     }[name]
 
 
@@ -98,13 +95,12 @@ def _number(expression: str) -> str:
 def compile_request_key(spec: FeatureSpec, compiled: CompiledRuntimeModel
                         ) -> RequestKey | None:
     """``f(task, tenant, args, kwargs, args_bytes, kwargs_bytes, hint_s, retries,
-    published_at, history, call=None)`` returning the model's cache key; None without key
-    forests."""
+    published_at, history)`` returning the model's cache key; None without key forests."""
     if compiled.key_scores is None or len(spec.names) != compiled.n_features:
         return None
     used = compiled.used_features
     names = {spec.names[j] for j in used}
-    lines = [f"def request_key({', '.join(_ARGS)}=None):"]
+    lines = [f"def request_key({', '.join(_ARGS)}):"]
     if names & {"n_args", "arg0", "arg1", "arg2", "arg3"}:
         lines.append("    if type(args) is not tuple and type(args) is not list:")
         lines.append("        args = ()")
@@ -129,8 +125,7 @@ def compile_request_key(spec: FeatureSpec, compiled: CompiledRuntimeModel
         ]
     namespace: dict[str, Any] = {
         "NAN": NAN, "_v": value_of, "_nn": _number_or_nan, "_hw": hour_and_weekday,
-        "_NOH": _NO_HISTORY, "_NOC": _NO_CALL, "_bl": bisect_left, "TASKS": spec.tasks,
-        "TENANTS": spec.tenants,
+        "_NOH": _NO_HISTORY, "_bl": bisect_left, "TASKS": spec.tasks, "TENANTS": spec.tenants,
         "HB": {},
     }
     parts = []

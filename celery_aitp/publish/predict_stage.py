@@ -58,13 +58,12 @@ class FeatureStage:
             return  # cold start needs no features; or the caller computed the key
         tenant = decision.tenant
         task = request.task
-        known = sources.get(HISTORY_SOURCE, EMPTY_HISTORY)
+        history = sources.get(HISTORY_SOURCE, EMPTY_HISTORY).of(tenant, task)
         # the key alone when the model can be walked over it, else the vector
         build = model.request_key or model.spec.vector
         found = build(task, tenant, request.args, request.kwargs, request.args_bytes,
                       request.kwargs_bytes, request.declared.get("runtime_hint_s"),
-                      request.retries, request.published_at, known.of(tenant, task),
-                      known.of_call(task, request.args, request.kwargs))
+                      request.retries, request.published_at, history)
         if model.request_key is not None:
             decision.feature_key = found
         else:

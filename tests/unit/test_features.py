@@ -16,12 +16,10 @@ from hypothesis import strategies as st
 from celery_aitp.predict.features import (
     BASE_FEATURES,
     BIG,
-    CALL_FEATURES,
     HISTORY_FEATURES,
     FeatureSpec,
     argument_features,
     base_of,
-    call_features,
     call_signature,
     history_features,
     hour_and_weekday,
@@ -136,14 +134,6 @@ def test_a_calls_signature_follows_its_values_not_their_order_or_repr_sizes():
     assert len(report) == 16 and int(report, 16) >= 0  # short hex: a store field's name
 
 
-def test_call_features_use_the_newest_runs_and_cap_the_count():
-    found = dict(zip(CALL_FEATURES, call_features([3.0, 1.0], 57), strict=True))
-    assert found == {"c_last2": 2.0, "c_last": 3.0, "c_count": 57}
-    assert call_features([5.0], 10_000) == (5.0, 5.0, 100)
-    empty = call_features([], 0)
-    assert math.isnan(empty[0]) and math.isnan(empty[1]) and empty[2] == 0
-
-
 def test_the_vector_follows_the_spec_names():
     spec = FeatureSpec(["rows"], ["report"], ["acme"])
     vec = spec.vector("report", "acme", (640, [1, 2]), {"rows": 9}, 12, 13, 2.5, 1,
@@ -154,11 +144,6 @@ def test_the_vector_follows_the_spec_names():
     assert named["arg1"] == 2 and math.isnan(named["arg2"]) and named["kw.rows"] == 9
     assert named["args_bytes"] == 12 and named["hint_s"] == 2.5 and named["h_last2"] == 0.5
     assert named["h_last"] == 0.4 and named["h_median"] == 0.6 and named["base_s"] == 0.5
-    assert math.isnan(named["c_last2"]) and named["c_count"] == 0  # no run of this call
-    called = dict(zip(spec.names, spec.vector(
-        "report", "acme", (640,), {}, 12, 13, None, 0, 1_700_000_000.0, None,
-        call_features([2.0, 4.0], 7)), strict=True))
-    assert (called["c_last2"], called["c_last"], called["c_count"]) == (3.0, 2.0, 7)
     unknown = spec.vector("other", "globex", None, None, None, None, None, None, None, None)
     assert all(math.isnan(v) for v in unknown[:2]) and unknown[2] == 0
 
@@ -196,9 +181,9 @@ def test_training_rows_equal_publish_vectors(args: list[Any], kwargs: dict[str, 
     spec = FeatureSpec(sorted(kwargs)[:4], ["t"], ["a"])
     recorded = argument_features(args, kwargs, 17, 23)
     as_json = json.loads(json.dumps({k: (None if v != v else v) for k, v in recorded.items()}))
-    row = spec.row("t", "a", as_json, None, 0, 1_700_000_000.0, (1.0, 2.0, 3), (4.0, 5.0, 6))
+    row = spec.row("t", "a", as_json, None, 0, 1_700_000_000.0, (1.0, 2.0, 3))
     vec = spec.vector("t", "a", tuple(args), kwargs, 17, 23, None, 0, 1_700_000_000.0,
-                      (1.0, 2.0, 3), (4.0, 5.0, 6))
+                      (1.0, 2.0, 3))
     assert all(same(float(v), r) for v, r in zip(vec, row, strict=True)), (vec, row)
 
 
@@ -222,8 +207,8 @@ def test_a_calls_magnitude_is_the_doubling_of_its_largest_argument():
        kwargs=st.dictionaries(st.text(max_size=8), json_values, max_size=6))
 def test_a_worker_signs_the_call_a_producer_signed(args: list[Any], kwargs: dict[str, Any]
                                                    ) -> None:
-    """The producer signs the real arguments; the worker and the trainer sign the
-    argument features recorded as JSON: the same call must get the same signature."""
+    """The producer signs the real arguments; the worker signs the argument features it
+    recorded as JSON: the same call must get the same signature."""
     recorded = argument_features(args, kwargs, 17, 23)
     as_json = json.loads(json.dumps({k: (None if v != v else v) for k, v in recorded.items()}))
     assert call_signature(as_json) == call_signature(argument_features(args, kwargs))

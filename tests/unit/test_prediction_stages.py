@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 from typing import Any
 
 import pytest
@@ -135,35 +134,6 @@ def test_the_model_predicts_once_promoted(synthetic_app, store, published, train
     assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == (on_grid(low) * 0.2,
                                                                 on_grid(high) * 0.2)
     assert h["predicted_p90_s"] >= h["predicted_runtime_s"] > 0
-
-
-def test_the_model_predicts_a_call_from_the_runs_workers_recorded_of_it(
-        synthetic_app, store, published):
-    rng = random.Random(3)
-    cost = {account: 10 ** rng.uniform(-2, 1) for account in range(200)}
-    records, now = [], 1.7e9
-    for _ in range(3000):  # accounts whose runtimes nothing in their arguments tells
-        account, now = rng.randrange(200), now + 0.5
-        records.append({"task": "reports.build", "tenant": "acme", "args": [],
-                        "kwargs": {"account": account}, "published_at": now,
-                        "runtime_s": cost[account] * rng.uniform(0.9, 1.1)})
-    trained = train(records, TrainConfig(rounds=40, p90_rounds=5, probe_rounds=15))
-    assert trained.bundle is not None
-    make_live(store, "aitp.acme.cpu.lo")
-    ModelStore(store).promote(trained.bundle)
-    slow, fast = ({"account": 1000 + i} for i in range(2))  # accounts never trained on
-    HistoryStore(store).add_runs(  # runs of other tenants count: the call is the same
-        [Run("globex", "reports.build", seconds, None, call_signature(argument_features(
-            (), kwargs))) for seconds, kwargs in ((5.0, slow), (5.0, slow), (0.05, fast))])
-    refreshed(synthetic_app)
-    slow_h = publish(synthetic_app, published, "reports.build", **slow)
-    fast_h = publish(synthetic_app, published, "reports.build", **fast)
-    unknown_h = publish(synthetic_app, published, "reports.build", account=1002)
-    assert slow_h["prediction_source"] == fast_h["prediction_source"] == "model"
-    assert 2.5 < slow_h["predicted_runtime_s"] < 10.0
-    assert 0.025 < fast_h["predicted_runtime_s"] < 0.1
-    assert unknown_h["predicted_runtime_s"] not in (slow_h["predicted_runtime_s"],
-                                                    fast_h["predicted_runtime_s"])
 
 
 def test_a_direct_model_predicts_without_the_history_estimate(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from benchmarks.prediction_traces import leak_probe, score
 from celery_aitp.learn.dataset import build_dataset
-from celery_aitp.predict.features import call_features, history_features
+from celery_aitp.predict.features import history_features
 
 RUNS = [  # (published_at, runtime_s): one tenant, one task
     (0.0, 100.0), (10.0, 5.0), (20.0, 7.0), (30.0, 9.0), (200.0, 1.0), (210.0, 2.0),
@@ -28,15 +28,6 @@ def test_the_probe_catches_a_run_counted_before_it_finished():
     leaked = observations[2]
     assert leaked.history is not None and leaked.history[0] == 5.0
     leaked.history = history_features([7.0, 5.0], 2, [7.0, 5.0])  # run 2 leaked in
-    matching, probed = leak_probe(observations, observations)
-    assert probed == len(RUNS) and matching == len(RUNS) - 1
-
-
-def test_the_probe_catches_a_call_counted_before_it_finished():
-    observations = dataset()  # no arguments: every run is the same call
-    leaked = observations[2]
-    assert leaked.call == (5.0, 5.0, 1)
-    leaked.call = call_features([7.0, 5.0], 2)  # run 2 leaked in
     matching, probed = leak_probe(observations, observations)
     assert probed == len(RUNS) and matching == len(RUNS) - 1
 

@@ -7,7 +7,7 @@ import random
 
 from celery_aitp.predict.bundle import load_bundle
 from celery_aitp.predict.compiled import on_grid
-from celery_aitp.predict.features import call_features, history_features
+from celery_aitp.predict.features import history_features
 
 ODD = [None, True, False, 0, -0.0, 1e-36, -1e-36, math.nan, math.inf, -math.inf, 10**400,
        "", "text" * 50, b"xy", [1, 2, 3], (), {"a": 1}, {4, 5}, object(), 3.5, -7, 2**70]
@@ -38,8 +38,6 @@ def test_the_request_key_equals_the_key_of_the_vector(trained):
             rng.choice([1.7e9 + rng.uniform(0, 1e7), 1_700_000_000, None, -5.0, math.nan]),
             rng.choice([None, history_features([0.5, 2.0, 1.25], 12, [3.0]),
                             history_features([], 0, [7.0]), history_features([], 0)]),
-            rng.choice([None, call_features([0.5, 2.0], 2), call_features([30.0], 1),
-                        call_features([rng.uniform(0.001, 100)], rng.randint(1, 200))]),
         )
         assert model.request_key(*inputs) == compiled.key(spec.vector(*inputs)), inputs
 

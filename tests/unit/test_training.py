@@ -76,48 +76,6 @@ def test_history_holds_only_runs_finished_before_publication():
     assert first_of_task[-2:] == (5.5, 5.5)
 
 
-def test_a_calls_history_holds_its_finished_runs_over_every_tenant():
-    runs = [
-        {**GOOD, "args": [1], "published_at": 0.0, "runtime_s": 10.0},  # finishes at 10
-        {**GOOD, "args": [2], "tenant": "b", "published_at": 1.0, "runtime_s": 2.0},
-        {**GOOD, "args": [1], "tenant": "b", "published_at": 5.0, "runtime_s": 1.0},
-        {**GOOD, "args": [1], "tenant": "b", "published_at": 20.0, "runtime_s": 1.0},
-        {**GOOD, "args": [2], "published_at": 21.0, "runtime_s": 1.0},
-        {**GOOD, "args": [1], "task": "other", "published_at": 22.0, "runtime_s": 1.0},
-    ]
-    calls = [o.call for o in build_dataset(runs).observations]
-    assert calls[0] is None and calls[1] is None
-    assert calls[2] is None  # the first run of the call had not finished yet
-    assert calls[3] == ((10.0 + 1.0) / 2, 10.0, 2)  # newest finished first, either tenant
-    assert calls[4] == (2.0, 2.0, 1)
-    assert calls[5] is None  # the same arguments to another task: another call
-
-
-def test_the_model_predicts_new_calls_from_their_own_runs():
-    """Accounts whose runtimes nothing in their arguments tells (random per account):
-    the model never saw the later accounts, but once a call has run, its runs say how
-    long it takes, and the model learns to trust them."""
-    import random
-
-    rng = random.Random(3)
-    cost = {account: 10 ** rng.uniform(-2, 1) for account in range(400)}
-    records, now = [], 0.0
-    for i in range(4000):
-        account = rng.randrange(200) if i < 2000 else 200 + rng.randrange(200)
-        now += 0.5
-        records.append({**GOOD, "args": [], "kwargs": {"account": account},
-                        "published_at": now, "runtime_s": cost[account] * rng.uniform(0.9, 1.1)})
-    observations = build_dataset(records).observations
-    trained = train(records[:2000], TrainConfig(rounds=40, p90_rounds=5, probe_rounds=15))
-    assert trained.bundle is not None
-    p50, _ = bundle_seconds(trained.bundle, observations)
-    later = [(p, o) for p, o in zip(p50[2000:], observations[2000:], strict=True)
-             if o.call is not None]
-    assert len(later) > 1500  # most later calls had run before
-    errors = sorted(abs(math.log(p / o.runtime_s)) for p, o in later)
-    assert errors[len(errors) // 2] < math.log(1.5)  # the median call within 1.5x
-
-
 def test_baselines_on_a_hand_made_example():
     train_part = build_dataset([
         {**GOOD, "task": "x", "published_at": 0.0, "runtime_s": 1.0},
