@@ -123,6 +123,10 @@ def test_cold_start_sizes_have_their_own_histogram_and_boundaries():
     by_magnitude, stage = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=CLASSES),
                                  source="size_history")  # a magnitude class's bound
     assert [c.item[0] for c in stage.charges_of(by_magnitude)][1:] == ["cpu~history"]
+    by_call, stage = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=CLASSES),
+                            source="call_history")  # a repeated call's own runs
+    assert by_call.tier == "lo"  # ranked with the cold start's sizes, not the model's
+    assert [c.item[0] for c in stage.charges_of(by_call)][1:] == ["cpu~history"]
     both = SizeClasses({"cpu": CLASSES.cuts["cpu"],
                         "cpu~history": (size_bin(0.01), size_bin(0.05))})
     cold, _ = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=both),
