@@ -41,7 +41,6 @@ import redis
 
 from celery_aitp.errors import StoreError
 from celery_aitp.predict.features import (
-    HISTORY_COUNT_CAP,
     HISTORY_DEPTH,
     History,
     argument_features,
@@ -78,8 +77,6 @@ Estimate = tuple[float, float]
 SizeClass = tuple[str, int]
 #: (task, call signature).
 Call = tuple[str, str]
-#: A call's recent runs: (mean of its last two, its last, how many it had; capped).
-CallRuns = tuple[float, float, int]
 
 
 class Run(NamedTuple):
@@ -94,6 +91,8 @@ class Run(NamedTuple):
     call: str | None = None
 
 _ADD_RUNS = """
+-- KEYS: 1 pairs, 2 version, 3 magnitude classes, 4 calls, 5 the calls' older generation
+-- ARGV: depth, max pairs, call depth, max calls, then (key number, field, runtime) per run
 local depth = tonumber(ARGV[1])
 local max_pairs = tonumber(ARGV[2])
 local call_depth = tonumber(ARGV[3])
@@ -152,12 +151,6 @@ def class_field(task: str, magnitude: int) -> str:
 def call_field(task: str, signature: str) -> str:
     """Hash field of a call (``<signature>|<task>``: a signature is hex digits)."""
     return f"{signature}|{task}"
-
-
-def call_runs(runtimes: list[float], count: int) -> CallRuns:
-    """A call's entry as the view keeps it, from its newest-first runtimes."""
-    last2 = runtimes[:2]
-    return sum(last2) / len(last2), runtimes[0], min(int(count), HISTORY_COUNT_CAP)
 
 
 def parse_entry(raw: Any) -> tuple[int, list[float]] | None:
@@ -249,7 +242,7 @@ class HistoryView:
 
     __slots__ = ("features", "tenant_features", "estimates", "task_estimates", "version",
                  "fetched_at", "bounds", "class_estimates", "class_bounds", "classed",
-                 "calls", "called")
+                 "call_estimates", "called")
 
     def __init__(self, features: Mapping[Pair, History] | None = None,
                  estimates: Mapping[Pair, Estimate] | None = None,
@@ -259,14 +252,14 @@ class HistoryView:
                  bounds: Mapping[str, tuple[float, float]] | None = None,
                  class_estimates: Mapping[SizeClass, Estimate] | None = None,
                  class_bounds: Mapping[SizeClass, tuple[float, float]] | None = None,
-                 calls: Mapping[Call, CallRuns] | None = None) -> None:
+                 call_estimates: Mapping[Call, Estimate] | None = None) -> None:
         self.features = dict(features or {})
-        #: Per (task, call signature), its recent runs (:meth:`of_call`).
-        self.calls = dict(calls or {})
-        #: The tasks some call of which ran more than once: the publish path signs only
-        #: their calls (a task whose calls never repeat, one id per call, pays nothing).
-        self.called = frozenset(task for (task, _), found in self.calls.items()
-                                if found[2] >= 2)
+        #: Per (task, call signature) of a call that ran at least twice, the estimate of
+        #: its last two runs (:meth:`of_call`).
+        self.call_estimates = dict(call_estimates or {})
+        #: The tasks that have such a call: the publish path signs only their calls (a
+        #: task whose calls never repeat, one id per call, pays nothing).
+        self.called = frozenset(task for task, _ in self.call_estimates)
         #: Per task, the cold-start upper bound and when it was computed (held_bound).
         self.bounds = dict(bounds or {})
         #: Per (task, magnitude class) that tells its calls apart from the task's longest:
@@ -321,8 +314,8 @@ class HistoryView:
         return cls(features, estimates, task_estimates, version, now, tenant_features,
                    {task: (value, now) for task, value in longest.items()},
                    class_estimates, class_bounds,
-                   {call: call_runs(runtimes, count)
-                    for call, (count, runtimes) in (calls or {}).items()})
+                   {call: estimate(runtimes) for call, (_, runtimes) in (calls or {}).items()
+                    if len(runtimes) >= 2})
 
     def of_class(self, task: str, args: Any, kwargs: Any) -> Estimate | None:
         """The cold-start estimate of a call from the runs of its task's calls of the same
@@ -332,24 +325,16 @@ class HistoryView:
         magnitude = magnitude_class(args, kwargs)
         return None if magnitude is None else self.class_estimates.get((task, magnitude))
 
-    def of_call(self, task: str, args: Any, kwargs: Any) -> CallRuns | None:
-        """The recent runs of a call about to be published (None: no run of this call is
-        known, or no call of this task has run twice yet)."""
-        if task not in self.called:
-            return None
-        return self.calls.get((task, call_signature(argument_features(args, kwargs))))
-
-    def of_repeated_call(self, task: str, args: Any, kwargs: Any) -> Estimate | None:
-        """The cold-start estimate of a call that ran at least twice: the mean of its last
-        two runs and the longer of them (None otherwise).
+    def of_call(self, task: str, args: Any, kwargs: Any) -> Estimate | None:
+        """The cold-start estimate of a call that ran at least twice, from its own last two
+        runs (:func:`estimate`; None otherwise).
 
         The task's held bound exists because its history cannot tell one call from
         another; the runs of the same call can, so a call's own runs bound it."""
-        found = self.of_call(task, args, kwargs)
-        if found is None or found[2] < 2:
+        if task not in self.called:
             return None
-        last2, last, _ = found
-        return last2, max(last, 2.0 * last2 - last)  # the other of the two is 2*mean-last
+        return self.call_estimates.get((task, call_signature(argument_features(args,
+                                                                                kwargs))))
 
     def of(self, tenant: str, task: str) -> History | None:
         """The history tuple of a task about to be published (None: nothing known)."""

@@ -119,7 +119,7 @@ def cold_start(history: HistoryView, request: Request, tenant: str
     """(p50, p90, source) without a model: the first source in the module's list that
     knows the task (None when none does)."""
     task = request.task
-    found = history.of_repeated_call(task, request.args, request.kwargs)
+    found = history.of_call(task, request.args, request.kwargs)
     if found is not None:
         return (*found, "call_history")
     found = history.of_class(task, request.args, request.kwargs)

@@ -227,32 +227,39 @@ def test_a_full_calls_hash_starts_over_and_repeating_calls_keep_their_history(st
     calls = history.read_calls()
     assert calls[("job", "c0")] == (2, [7.0, 0.0]) and calls[("job", "c1")] == (1, [1.0])
     assert len(calls) == 4  # both generations are read
+    store.client.hset(history.calls_key, "junk", "1;2")  # fields no worker wrote
+    store.client.hset(history.calls_key, "x|job", "not a count")
+    assert len(history.read_calls()) == 4
     history.add_runs([Run("t", "job", 1.0, None, f"d{i}") for i in range(5)])
     assert store.client.hlen(history.calls_key) <= 3  # never more than two generations
     assert store.client.hlen(history.old_calls_key) <= 3
 
 
-def test_a_view_gives_a_calls_features_from_its_arguments():
+def test_a_view_sizes_a_call_that_ran_twice_by_its_own_runs():
     signature = call_signature(argument_features((40,), {"rows": 9}))
+    once = call_signature(argument_features((7,), {}))
     view = HistoryView.from_entries({("acme", "job"): (3, [1.0, 2.0, 3.0])},
-                                    calls={("job", signature): (5, [0.2, 0.4])})
-    assert view.of_call("job", (40,), {"rows": 9}) == pytest.approx((0.3, 0.2, 5))
-    assert view.of_call("job", [40], {"rows": 9}) == pytest.approx((0.3, 0.2, 5))
+                                    calls={("job", signature): (5, [0.2, 0.4]),
+                                           ("job", once): (1, [9.0])})
+    assert view.of_call("job", (40,), {"rows": 9}) == pytest.approx((0.3, 0.4))
+    assert view.of_call("job", [40], {"rows": 9}) == pytest.approx((0.3, 0.4))
+    assert view.of_call("job", (7,), {}) is None  # ran once: not its own estimate yet
     assert view.of_call("job", (41,), {"rows": 9}) is None  # another call
     assert view.of_call("other", (40,), {"rows": 9}) is None
     assert EMPTY_HISTORY.of_call("job", (40,), {"rows": 9}) is None
     # a task none of whose calls ran twice is not signed at all (its calls do not repeat)
-    once = HistoryView.from_entries({}, calls={("job", signature): (1, [0.2])})
-    assert once.called == frozenset() and once.of_call("job", (40,), {"rows": 9}) is None
+    never = HistoryView.from_entries({}, calls={("job", once): (1, [0.2])})
+    assert never.called == frozenset() and never.of_call("job", (7,), {}) is None
 
 
 def test_the_source_reads_the_calls(store):
     HistoryStore(store).add_runs([Run("acme", "job", 0.5, None, "aa")])
     view = HistorySource().fetch(store, EMPTY_HISTORY)
-    assert view.calls == {("job", "aa"): (0.5, 0.5, 1)} and view.called == frozenset()
+    assert view.call_estimates == {} and view.called == frozenset()
     HistoryStore(store).add_runs([Run("acme", "job", 0.7, None, "aa")])
     view = HistorySource(interval_s=0).fetch(store, view)
-    assert view.calls == {("job", "aa"): (0.6, 0.7, 2)} and view.called == {"job"}
+    assert view.call_estimates == {("job", "aa"): (pytest.approx(0.6), 0.7)}
+    assert view.called == {"job"}
 
 
 def test_a_worker_records_the_call_of_a_runs_arguments(store):
