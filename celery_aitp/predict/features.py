@@ -246,7 +246,7 @@ def call_signature(arguments: Mapping[str, Any]) -> str:
     one token. Stable across processes (not Python's ``hash``).
     """
     parts = []
-    for name in sorted(arguments):
+    for name in sorted(arguments, key=str):  # a hostile mapping's keys need not compare
         if name in _UNSIGNED:
             continue
         value = arguments[name]

@@ -132,6 +132,7 @@ def test_a_calls_signature_follows_its_values_not_their_order_or_repr_sizes():
     assert signed("acme") == signed("ACME") != signed("acme-1")  # a string by its length
     assert signed(None) == signed(object()) == signed(math.nan)  # missing values alike
     assert len(report) == 16 and int(report, 16) >= 0  # short hex: a store field's name
+    assert len(call_signature({1: 2.0, "a": [], None: 3})) == 16  # never raises
 
 
 def test_the_vector_follows_the_spec_names():
