@@ -120,6 +120,17 @@ def slowdown_cost(hist: Histogram, cuts: Sequence[int], rho: float) -> float:
     return sum(prefix.cost(a, b, rho) for a, b in zip(edges, edges[1:], strict=False))
 
 
+def classes_used(hist: Histogram, cuts: Sequence[int], min_share: float = 0.01
+                 ) -> frozenset[int]:
+    """Which of the classes ``cuts`` make of ``hist`` (0: the top one) hold at least
+    ``min_share`` of its tasks (a decayed histogram never empties a bin: a class of
+    yesterday's mix keeps a trace of it)."""
+    total = hist.total
+    edges = [0, *cuts, BIN_COUNT]
+    return frozenset(k for k, (a, b) in enumerate(zip(edges, edges[1:], strict=False))
+                     if total > 0 and sum(hist.counts[a:b]) >= min_share * total)
+
+
 def best_cuts(hist: Histogram, classes: int, rho: float, split_gain: float = SPLIT_GAIN,
               min_size_ratio: float = MIN_SIZE_RATIO) -> tuple[int, ...]:
     """The ``classes - 1`` bin indices that split ``hist`` into classes with the least

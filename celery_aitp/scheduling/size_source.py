@@ -32,6 +32,7 @@ from celery_aitp.scheduling.size_classes import (
     Histogram,
     SizeClasses,
     best_cuts,
+    classes_used,
     size_bin,
     slowdown_cost,
 )
@@ -89,8 +90,13 @@ def read_sizes(store: RedisStore) -> dict[str, Histogram]:
 def classes_for(hists: Mapping[str, Histogram], previous: SizeClasses, tiers: int,
                 settings: PlacementSettings) -> SizeClasses:
     """Boundaries per accelerator class for these histograms: the best ones, unless the
-    previous ones are within ``min_gain`` of them (then those stay); ``previous`` itself
-    when nothing moved."""
+    previous ones are within ``min_gain`` of them and fill every tier the best ones
+    fill (then those stay); ``previous`` itself when nothing moved.
+
+    Cobham's cost does not see an empty tier, so without the second condition a mix
+    that moved away from the top tier's sizes kept its old boundaries: the top tier
+    empty, the short work one tier lower, where the weighted tier order reads it 8:1
+    against the lowest instead of 64:1."""
     cuts: dict[str, tuple[int, ...]] = {}
     for accelerator, hist in hists.items():
         if hist.total < settings.min_samples:
@@ -98,7 +104,8 @@ def classes_for(hists: Mapping[str, Histogram], previous: SizeClasses, tiers: in
         best = best_cuts(hist, tiers, settings.load, settings.split_gain,
                          settings.min_size_ratio)
         old = previous.cuts.get(accelerator)
-        if old is not None and old != best and len(old) == len(best):
+        if old is not None and old != best and len(old) == len(best) and \
+                classes_used(hist, best) <= classes_used(hist, old):
             kept = slowdown_cost(hist, old, settings.load)
             if slowdown_cost(hist, best, settings.load) > kept * (1.0 - settings.min_gain):
                 best = old

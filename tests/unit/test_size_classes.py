@@ -14,6 +14,7 @@ from celery_aitp.scheduling.size_classes import (
     SizeClasses,
     best_cuts,
     bin_lower_s,
+    classes_used,
     size_bin,
     slowdown_cost,
 )
@@ -130,6 +131,28 @@ def test_boundaries_stay_unless_new_ones_are_clearly_better():
     assert shifted != first and shifted.bounds["cpu"][0] > first.bounds["cpu"][0]
     few = classes_for({"cpu": histogram(sizes[:5])}, SizeClasses(), 3, settings)
     assert few.cuts == {}  # too few samples: no boundaries, the lowest tier for all
+
+
+def test_boundaries_that_leave_the_top_tier_empty_move_even_without_a_gain():
+    """Cobham's cost does not see an empty tier: a mix that moved away from the top
+    tier's sizes would keep the old boundaries, its short work one tier lower. They
+    move when the best ones fill a tier they leave empty, and only then: boundaries
+    that fill more tiers than the best stay while within ``min_gain``."""
+    settings = PlacementSettings(min_samples=10)
+    hist = histogram([s * 10 for s in bimodal(4000)])  # 0.1-0.5 s and 5-15 s
+    best = best_cuts(hist, 3, settings.load)
+    stale = SizeClasses({"cpu": (size_bin(0.02), best[-1])})  # a top tier for 20 ms tasks
+    assert 0 not in classes_used(hist, stale.cuts["cpu"]) and 0 in classes_used(hist, best)
+    assert slowdown_cost(hist, best, settings.load) > \
+        slowdown_cost(hist, stale.cuts["cpu"], settings.load) * (1 - settings.min_gain)
+    moved = classes_for({"cpu": hist}, stale, 3, settings)
+    assert moved.cuts["cpu"] == best
+    assert moved.rank("cpu", 0.3, 2) == 0  # the short work is back in the top tier
+    fuller = SizeClasses({"cpu": (size_bin(0.25), best[-1])})  # splits the short mode
+    assert classes_used(hist, best) < classes_used(hist, fuller.cuts["cpu"])
+    kept = slowdown_cost(hist, fuller.cuts["cpu"], settings.load)
+    assert slowdown_cost(hist, best, settings.load) > kept * (1 - settings.min_gain)
+    assert classes_for({"cpu": hist}, fuller, 3, settings) is fuller
 
 
 def test_every_producer_sees_the_whole_fleets_mix(store):
