@@ -47,6 +47,9 @@ SPLIT_GAIN = 0.2
 #: How many times longer, on average, a group's tasks must run than the group above's,
 #: by default (``placement.min_size_ratio``): 1, any split.
 MIN_SIZE_RATIO = 1.0
+#: Share of the recent tasks a class must hold to count as filled (a decayed histogram
+#: never empties a bin: a class of yesterday's mix keeps a trace of it).
+FILLED_SHARE = 0.01
 
 
 def size_bin(seconds: float) -> int:
@@ -120,15 +123,15 @@ def slowdown_cost(hist: Histogram, cuts: Sequence[int], rho: float) -> float:
     return sum(prefix.cost(a, b, rho) for a, b in zip(edges, edges[1:], strict=False))
 
 
-def classes_used(hist: Histogram, cuts: Sequence[int], min_share: float = 0.01
-                 ) -> frozenset[int]:
+def classes_used(hist: Histogram, cuts: Sequence[int]) -> frozenset[int]:
     """Which of the classes ``cuts`` make of ``hist`` (0: the top one) hold at least
-    ``min_share`` of its tasks (a decayed histogram never empties a bin: a class of
-    yesterday's mix keeps a trace of it)."""
+    :data:`FILLED_SHARE` of its tasks."""
     total = hist.total
+    if total <= 0:
+        return frozenset()
     edges = [0, *cuts, BIN_COUNT]
     return frozenset(k for k, (a, b) in enumerate(zip(edges, edges[1:], strict=False))
-                     if total > 0 and sum(hist.counts[a:b]) >= min_share * total)
+                     if sum(hist.counts[a:b]) >= FILLED_SHARE * total)
 
 
 def best_cuts(hist: Histogram, classes: int, rho: float, split_gain: float = SPLIT_GAIN,

@@ -95,8 +95,8 @@ def classes_for(hists: Mapping[str, Histogram], previous: SizeClasses, tiers: in
 
     Cobham's cost does not see an empty tier, so without the second condition a mix
     that moved away from the top tier's sizes kept its old boundaries: the top tier
-    empty, the short work one tier lower, where the weighted tier order reads it 8:1
-    against the lowest instead of 64:1."""
+    empty, the short work one tier lower, where the weighted tier order gives it 8 parts
+    of the worker's time to the lowest tier's 1 instead of 64."""
     cuts: dict[str, tuple[int, ...]] = {}
     for accelerator, hist in hists.items():
         if hist.total < settings.min_samples:

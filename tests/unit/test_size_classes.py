@@ -153,6 +153,7 @@ def test_boundaries_that_leave_the_top_tier_empty_move_even_without_a_gain():
     kept = slowdown_cost(hist, fuller.cuts["cpu"], settings.load)
     assert slowdown_cost(hist, best, settings.load) > kept * (1 - settings.min_gain)
     assert classes_for({"cpu": hist}, fuller, 3, settings) is fuller
+    assert classes_used(Histogram(), best) == frozenset()  # nothing recent: none filled
 
 
 def test_every_producer_sees_the_whole_fleets_mix(store):
