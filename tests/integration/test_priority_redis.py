@@ -57,9 +57,10 @@ def test_low_tier_keeps_its_share_under_a_high_tier_backlog(deployment, request)
     lo_started = sorted(r["started"] for r in lo_runs)
     # Each lo task started while hi tasks were still waiting, not after the backlog.
     assert all(t < hi_done[-5] for t in lo_started), (lo_started, hi_done)
-    # Bound (worker/tier_cycle.py): at most ceil(W / w_lo) + 2m = ceil(14 / 2) + 6 = 13
-    # reads of other queues between two reads of the backlogged lo queue (acme's tenant
-    # weight 2 doubles hi 4, mid 2, lo 1). Expected here: about 4.
+    # Bound (worker/tier_cycle.py): at most ceil(W / w_lo) + 2M = ceil(7 / 1) + 6 = 13
+    # reads of other groups between two reads of the backlogged lo group (the tiers'
+    # weights hi 4, mid 2, lo 1; acme's queue is the only one of each group, H = 0).
+    # Expected here: about 4.
     marks = [0.0, *lo_started]
     between = [sum(marks[i] < t < marks[i + 1] for t in hi_done) for i in range(3)]
     assert all(n <= 13 for n in between), between

@@ -124,6 +124,7 @@ class Simulation:
                 self.queues.setdefault(q, deque())
         plan = WeightPlan(policy, [q for w in workers for q in w.queues])
         tier_cycle.configure(plan)
+        self.plan = plan  # groups and weights: what the documented bound is of
         self.weights = plan.weights
         for w in workers:
             w.cycle = WeightedTierCycle(w.queues)
@@ -219,7 +220,7 @@ def waits_within_bound(sim: Simulation, done: list[Job], jobs: list[Job],
     max_runtime = max(j.runtime_s for j in done)
     waits = []
     for job in jobs:
-        bound = tier_cycle.longest_wait_s(sim.weights, job.queue, job.ahead, processes,
+        bound = tier_cycle.longest_wait_s(sim.plan, job.queue, job.ahead, processes,
                                           max_runtime)
         waits.append(job.started_at - job.published_at)
         assert waits[-1] <= bound, (job, bound)

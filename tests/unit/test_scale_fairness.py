@@ -114,7 +114,7 @@ def test_a_flooding_tenant_among_a_thousand_is_demoted_alone_and_kept_out_of_the
     longest = max(j.runtime_s for j in both)
     for job in (j for j in waiting if j.queue in LANES):
         assert sim.now - job.published_at <= tier_cycle.longest_wait_s(
-            sim.weights, job.queue, job.ahead, 2, longest)
+            sim.plan, job.queue, job.ahead, 2, longest)
     for tier in ("hi", "mid", "lo"):  # each lane is read one tier down
         assert sim.weights[f"aitp.small~over.cpu.{tier}"] == \
             sim.weights[f"aitp.small.cpu.{tier}"] / 8
@@ -155,7 +155,7 @@ def test_no_task_of_a_thousand_tenants_waits_longer_than_the_bound(store):
     longest = max(j.runtime_s for j in done)
     for job in waiting:  # still within the bound (the lane's, a slower read)
         assert sim.now - job.published_at <= tier_cycle.longest_wait_s(
-            sim.weights, job.queue, job.ahead, 2, longest)
+            sim.plan, job.queue, job.ahead, 2, longest)
     store.client.flushdb()
     strict_done, _ = starvation_run(store, strict=True)
     assert sum(j.task == "report" for j in strict_done) < 3  # without the bound: starved

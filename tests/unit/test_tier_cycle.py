@@ -106,11 +106,13 @@ def test_new_queues_start_at_the_current_minimum_and_passes_stay_small():
     queues = {q: deque(range(10)) for q in Q}
     for _ in range(5):
         brpop(cycle, queues)
-    cycle.update(Q)
-    assert cycle.passes["aitp.a.cpu.lo"] == min(cycle.passes.values())
+    cycle.update(Q)  # a mapping of weights: each queue a group of its own
+    assert cycle.group_passes["aitp.a.cpu.lo"] == min(cycle.group_passes.values())
+    cycle.group_passes = {q: 2e6 for q in Q}
     cycle.passes = {q: 2e6 for q in Q}
     cycle.rotate("aitp.a.cpu.hi")
-    assert max(cycle.passes.values()) < 1  # renormalised
+    assert max(cycle.group_passes.values()) < 1  # renormalised
+    assert max(cycle.passes.values()) <= 1
     assert cycle.rotate("not-consumed") == "not-consumed"
 
 
@@ -141,14 +143,70 @@ def test_a_demoted_tenants_lowest_tier_is_read_behind_the_others_until_it_is_bac
     assert tier_cycle.weight_of("aitp.a.cpu.mid") == 8.0
     demoted = Counter(brpop(cycle, queues) for _ in range(1000))
     assert demoted["aitp.b.cpu.lo"] >= 7 * demoted["aitp.a.cpu.lo"]
-    assert demoted["aitp.a.cpu.mid"] >= 7 * demoted["aitp.b.cpu.lo"]
+    mid = demoted["aitp.a.cpu.mid"] + demoted["aitp.b.cpu.mid"]
+    assert mid >= 7 * (demoted["aitp.a.cpu.lo"] + demoted["aitp.b.cpu.lo"])
     tier_cycle.set_demoted(frozenset())
     assert tier_cycle.weight_of("aitp.a.cpu.lo") == 1.0
+
+
+def test_a_tiers_share_does_not_grow_with_the_tenants_it_is_split_over():
+    tenants = ["a", "b", "c", "d"]
+    policy = parse_policy({"tenants": {t: {} for t in [*tenants, "default"]}})
+    lows = [f"aitp.{t}.cpu.lo" for t in tenants]
+    names = ["aitp.a.cpu.hi", *lows]
+    tier_cycle.configure(tier_cycle.WeightPlan(policy, names))
+    cycle = WeightedTierCycle(names)
+    queues = {q: deque(range(10_000)) for q in names}
+    served = Counter(brpop(cycle, queues) for _ in range(6500))
+    assert served["aitp.a.cpu.hi"] == 6400  # 64 : 1 against the lowest tier, as with one
+    assert {served[q] for q in lows} == {25}  # and its tenants share its reads evenly
+
+
+def test_a_short_task_is_not_overtaken_by_another_tenants_long_one():
+    # Each lowest-tier read starts a long run, and a short task arrives meanwhile: it is
+    # read next. Before tiers were ordered as a whole, the other tenant's lowest-tier
+    # queue (its pass level with the one just read) came first: two long runs per short
+    # task's wait (placement benchmark, bimodal, two tenants, exact sizes: mean slowdown
+    # 0.51-0.55x FIFO's against 0.48x with the tenants' tasks in one queue per tier).
+    policy = parse_policy({"tenants": {"a": {}, "b": {}, "default": {}}})
+    names = ["aitp.a.cpu.hi", "aitp.b.cpu.hi", "aitp.a.cpu.lo", "aitp.b.cpu.lo"]
+    tier_cycle.configure(tier_cycle.WeightPlan(policy, names))
+    cycle = WeightedTierCycle(names)
+    queues = {q: deque() for q in names}
+    queues["aitp.a.cpu.lo"].extend(range(100))
+    queues["aitp.b.cpu.lo"].extend(range(100))
+    tiers = []
+    for _ in range(12):
+        served = brpop(cycle, queues)
+        assert served is not None
+        tiers.append(served.rsplit(".", 1)[1])
+        if tiers[-1] == "lo":
+            queues["aitp.b.cpu.hi"].append("short")
+    assert tiers == ["lo", "hi"] * 6
 
 
 def test_longest_wait_formula():
     # lo: W / w = 73, m = 3 -> gap 79; one message ahead -> 2 * 80 reads; 2 processes, 1 s
     assert longest_wait_s(WEIGHTS, "aitp.a.cpu.lo", 1, 2, 1.0) == (math.ceil(160 / 2) + 1) * 1.0
+
+
+def test_the_bound_of_a_tier_split_over_tenants_holds_and_is_near_what_happens():
+    policy = parse_policy({"tenants": {"a": {"weight": 3}, "b": {}, "default": {}}})
+    names = ["aitp.a.cpu.hi", "aitp.b.cpu.hi", "aitp.a.cpu.lo", "aitp.b.cpu.lo"]
+    plan = tier_cycle.WeightPlan(policy, names)
+    tier_cycle.configure(plan)
+    # groups hi (64) and lo (1): G = 65 + 4 = 69; b's share of lo 1 of 4: H = 4 + 4 = 8
+    reads = 2 * (8 + 1) * (69 + 1)  # one message ahead
+    assert longest_wait_s(plan, "aitp.b.cpu.lo", 1, 2, 1.0) == (math.ceil(reads / 2) + 1) * 1.0
+    cycle = WeightedTierCycle(names)
+    queues = {q: deque(range(100_000)) for q in names}
+    gap = longest = 0
+    for _ in range(50_000):
+        if brpop(cycle, queues) == "aitp.b.cpu.lo":
+            longest, gap = max(longest, gap), 0
+        else:
+            gap += 1
+    assert (8 + 1) * (69 + 1) / 2 < longest <= (8 + 1) * (69 + 1) - 1
 
 
 def _follow(tier_runtime, demoted=frozenset()):
