@@ -314,11 +314,16 @@ class WeightedTierCycle:
         self.update(it or [])
 
     def update(self, it: Iterable[str]) -> None:
-        """The queues being consumed changed; a new queue (or group) starts at the current
-        minimum."""
+        """The queues being consumed changed; a new queue starts level with the lowest
+        of its group (a new tenant's queue neither waits behind the tenants already read
+        nor takes a run of reads to catch up with them), a new group at the lowest."""
         items = list(it)
         start = min(self.passes.values(), default=0.0)
-        self.passes = {q: self.passes.get(q, start) for q in items}
+        lowest: dict[str, float] = {}  # group -> its queues' lowest pass
+        for queue, at in self.passes.items():
+            group = group_of(queue)
+            lowest[group] = min(lowest.get(group, at), at)
+        self.passes = {q: self.passes.get(q, lowest.get(group_of(q), start)) for q in items}
         start = min(self.group_passes.values(), default=0.0)
         self.group_passes = {g: self.group_passes.get(g, start)
                              for g in map(group_of, items)}

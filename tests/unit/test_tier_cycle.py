@@ -185,6 +185,21 @@ def test_a_short_task_is_not_overtaken_by_another_tenants_long_one():
     assert tiers == ["lo", "hi"] * 6
 
 
+def test_a_new_tenants_queue_starts_level_with_its_tier_not_behind_or_far_ahead():
+    policy = parse_policy({"tenants": {"a": {}, "b": {}, "default": {}}})
+    names = ["aitp.a.cpu.hi", "aitp.a.cpu.lo", "aitp.b.cpu.hi"]
+    tier_cycle.configure(tier_cycle.WeightPlan(policy, names))
+    cycle = WeightedTierCycle(names[:2])
+    queues = {q: deque(range(10_000)) for q in names}
+    for _ in range(650):  # a's hi queue read 640 times, its lo queue 10
+        brpop(cycle, queues)
+    cycle.update(names)  # tenant b's queue appears, with a backlog
+    served = [brpop(cycle, queues) for _ in range(20)]
+    # b takes its turn beside a from now on: not 640 reads in a row to catch up
+    his = Counter(q for q in served if q.endswith(".hi"))
+    assert his["aitp.b.cpu.hi"] >= 9 and abs(his["aitp.a.cpu.hi"] - his["aitp.b.cpu.hi"]) <= 1
+
+
 def test_longest_wait_formula():
     # lo: W / w = 73, m = 3 -> gap 79; one message ahead -> 2 * 80 reads; 2 processes, 1 s
     assert longest_wait_s(WEIGHTS, "aitp.a.cpu.lo", 1, 2, 1.0) == (math.ceil(160 / 2) + 1) * 1.0
