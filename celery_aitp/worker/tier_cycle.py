@@ -98,21 +98,11 @@ STRATEGY = "celery_aitp.worker.tier_cycle:WeightedTierCycle"
 _RENORMALISE_AT = 1e6
 
 _lock = threading.Lock()
-_weights: dict[str, float] = {}
-_demoted_weights: dict[str, float] = {}
-_tenant_of: dict[str, str] = {}
 _demoted: frozenset[str] = frozenset()
-_default_weight = 1.0
-#: queue -> ``<accelerator>.<tier>``: what a queue's charge is looked up by
-_charge_keys: dict[str, str] = {}
 #: queue -> charge of one read (absent: 1), from the usage snapshot last followed; a new
 #: dict replaces it whole, so a read never sees it half updated
 _charges: dict[str, float] = {}
 _usage_followed: object = None
-#: queue -> its group (``<accelerator>.<tier>``; absent: a group of its own)
-_groups: dict[str, str] = {}
-#: group -> its weight (absent: the weight of its one queue)
-_group_weights: dict[str, float] = {}
 #: The worker's reserve for its higher tiers (worker/reserve.py), if it keeps one.
 _reserve: Reserve | None = None
 
@@ -164,7 +154,6 @@ class WeightPlan:
         """A plan of given weights, each queue a group of its own (tests, simulations)."""
         plan = cls(Policy(), ())
         plan.weights = dict(weights)
-        plan.demoted = dict(weights)
         plan.default = float(default)
         return plan
 
@@ -172,7 +161,19 @@ class WeightPlan:
         return self.groups.get(queue, queue)
 
     def group_weight(self, group: str) -> float:
-        return self.group_weights.get(group) or self.weights.get(group, self.default)
+        """A tier's weight; a group of one queue: that queue's."""
+        weight = self.group_weights.get(group)
+        return self.weights.get(group, self.default) if weight is None else weight
+
+    def weight_of(self, queue: str, demoted: frozenset[str] = frozenset()) -> float:
+        """The queue's weight: its tier's times its tenant's share, the demoted one while
+        its tenant is in ``demoted``."""
+        table = self.demoted if demoted and self.tenants.get(queue) in demoted else self.weights
+        return table.get(queue, self.default)
+
+
+#: The plan every :class:`WeightedTierCycle` of this process reads by (:func:`configure`).
+_plan = WeightPlan.from_weights({})
 
 
 def queue_weights(policy: Policy, queues: Iterable[str]) -> tuple[dict[str, float], float]:
@@ -199,25 +200,13 @@ def strategy_for(policy: Policy, queues: Iterable[str]) -> tuple[str, bool]:
 def configure(plan: WeightPlan | Mapping[str, float], default: float = 1.0) -> None:
     """Set the weights every :class:`WeightedTierCycle` of this process uses (bootstep);
     a mapping of weights makes each queue a group of its own."""
-    global _default_weight, _demoted, _usage_followed, _charges
+    global _plan, _demoted, _usage_followed, _charges
     if not isinstance(plan, WeightPlan):
         plan = WeightPlan.from_weights(plan, default)
     with _lock:
-        _weights.clear()
-        _demoted_weights.clear()
-        _tenant_of.clear()
-        _charge_keys.clear()
-        _groups.clear()
-        _group_weights.clear()
+        _plan = plan
         _charges = {}
         _usage_followed = None
-        _weights.update(plan.weights)
-        _demoted_weights.update(plan.demoted)
-        _tenant_of.update(plan.tenants)
-        _charge_keys.update(plan.charge_keys)
-        _groups.update(plan.groups)
-        _group_weights.update(plan.group_weights)
-        _default_weight = plan.default
         _demoted = frozenset()
 
 
@@ -247,7 +236,7 @@ def follow_usage(view: Any) -> None:
         return
     with _lock:
         charges = tier_charges(tier_runtime)
-        _charges = {queue: charges[key] for queue, key in _charge_keys.items()
+        _charges = {queue: charges[key] for queue, key in _plan.charge_keys.items()
                     if key in charges}
         _usage_followed = usage
 
@@ -257,11 +246,11 @@ def charge_of(queue: str) -> float:
 
 
 def group_of(queue: str) -> str:
-    return _groups.get(queue, queue)
+    return _plan.group_of(queue)
 
 
 def group_weight(group: str) -> float:
-    return _group_weights.get(group) or _weights.get(group, _default_weight)
+    return _plan.group_weight(group)
 
 
 def step_of(queue: str) -> float:
@@ -279,9 +268,7 @@ def member_step_of(queue: str) -> float:
 def weight_of(queue: str) -> float:
     """The queue's weight: its tier's times its tenant's (a group's weight times the
     queue's share of it)."""
-    if _demoted and _tenant_of.get(queue) in _demoted:
-        return _demoted_weights.get(queue, _default_weight)
-    return _weights.get(queue, _default_weight)
+    return _plan.weight_of(queue, _demoted)
 
 
 def longest_wait_s(weights: WeightPlan | Mapping[str, float], queue: str, ahead: int,
