@@ -16,15 +16,23 @@ Each workload's arrivals are published in real time under four runs:
 - ``aitp``: the same deployment after ``celery -A app aitp train`` has promoted a model
   trained on the cold run's observations (the warm-up), with the default policy. The
   cold run is the warm-up, so ``--runs fifo,aitp`` runs it too (unreported); a run whose
-  training promoted no model is flagged in the notes.
+  training promoted no model is flagged in the notes;
+- ``express``: the same deployment and model, plus an express worker: one process more,
+  serving only the top tier (``--aitp-express``). The machine keeps its four cores: every
+  task of the run shares them, as an operating system time-slices five processes on four
+  cores (``placement_app.work``), so a short task that finds the four regular processes
+  busy runs at once and slows them by a fifth meanwhile;
+- ``fifo+1``: plain Celery with that process more on the same four shared cores (what the
+  extra process alone does, without the tiers).
 
 Metrics (one definition, used for every run):
 
-- slowdown of a task = (wait + runtime) / max(runtime, 0.1 s);
+- slowdown of a task = (wait + runtime) / max(runtime, 0.1 s), where the wait includes
+  the time a task lost to sharing its core (``express`` and ``fifo+1``);
 - short tasks = the fastest 80% by true runtime, long tasks = the slowest 20%;
 - targets per workload, for ``aitp``: mean slowdown <= 0.5x FIFO's and <= 1.2x the
   oracle's; short tasks' p95 wait <= 0.3x FIFO's; long tasks' longest wait <= 2x FIFO's;
-  and for ``cold``: mean slowdown <= FIFO's.
+  and for ``cold``: mean slowdown <= FIFO's; the same three against FIFO for ``express``.
 
 With ``--amqp`` the tasks go through RabbitMQ (give it a vhost of its own: its tier queues
 are deleted before and after each deployment), while the store and the timings stay in
@@ -63,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_workers import ROOT, BenchWorker, running  # noqa: E402
 from benchmarks.ideal import ideal_starts  # noqa: E402
 from benchmarks.placement_app import (  # noqa: E402
+    CORES_HEADER,
     RUNTIME_HEADER,
     make_app,
     policy_with,
@@ -82,7 +91,9 @@ from celery_aitp.queues import lane_class, policy_queues  # noqa: E402
 from celery_aitp.redact import redact  # noqa: E402
 
 APP = "benchmarks.placement_app"
-RUNS = ("fifo", "oracle", "cold", "aitp")
+RUNS = ("fifo", "oracle", "cold", "aitp", "express", "fifo+1")
+#: Runs with one process more than the machine's cores, whose tasks share the cores.
+SHARED_RUNS = frozenset({"express", "fifo+1"})
 SLOWDOWN_BOUND_S = 0.1
 SHORT_SHARE = 0.8
 DRAIN_STALL_S = 60.0
@@ -119,17 +130,22 @@ class Figures:
 
 
 def figures(run: str, items: list[Item], published: list[float], started: list[float],
-            finished: list[float], tiers: list[str | None]) -> Figures:
-    """Slowdown, short/long waits (short: the fastest 80% by true runtime)."""
+            finished: list[float], tiers: list[str | None],
+            shared: list[float] | None = None) -> Figures:
+    """Slowdown, short/long waits (short: the fastest 80% by true runtime).
+
+    ``shared``: per task, the seconds it lost to sharing a core (none: 0); they count as
+    waiting, not as running, so a task slowed by a neighbour is not credited for it."""
     by_runtime = sorted(items, key=lambda i: i.runtime_s)
     short = {i.index for i in by_runtime[:round(SHORT_SHARE * len(items))]}
     done = [i.index for i in items if not math.isnan(started[i.index])]
-    wait = {i: started[i] - published[i] for i in done}
-    slow = [(wait[i] + finished[i] - started[i]) / max(finished[i] - started[i],
-                                                      SLOWDOWN_BOUND_S) for i in done]
+    lost = shared or [0.0] * len(items)
+    ran = {i: finished[i] - started[i] - lost[i] for i in done}
+    wait = {i: started[i] - published[i] + lost[i] for i in done}
+    slow = [(wait[i] + ran[i]) / max(ran[i], SLOWDOWN_BOUND_S) for i in done]
     short_w = [wait[i] for i in done if i in short]
     long_w = [wait[i] for i in done if i not in short]
-    overrun = _mean([finished[i] - started[i] - items[i].runtime_s for i in done]) * 1000
+    overrun = _mean([ran[i] - items[i].runtime_s for i in done]) * 1000
     counts: dict[str, int] = {}
     for i in done:
         name = tiers[i] or "-"
@@ -171,6 +187,15 @@ def targets_of(runs: dict[str, Figures]) -> list[Target]:
     if fifo and cold:
         found.append(Target("cold mean slowdown / fifo",
                             cold.mean_slowdown / fifo.mean_slowdown, 1.0))
+    express = runs.get("express")
+    if fifo and express:
+        found += [
+            Target("express mean slowdown / fifo",
+                   express.mean_slowdown / fifo.mean_slowdown, 0.5),
+            Target("express short p95 wait / fifo",
+                   express.short_p95_wait_s / fifo.short_p95_wait_s, 0.3),
+            Target("express long max wait / fifo",
+                   express.long_max_wait_s / fifo.long_max_wait_s, 2.0)]
     return found
 
 
@@ -202,8 +227,10 @@ def ideal_targets(items: list[Item]) -> list[Target]:
 
 def learned_runs(modes: list[str]) -> list[str]:
     """The runs of the learned deployment for the requested ``modes``: ``aitp``'s model is
-    trained on the ``cold`` run's observations, so ``cold`` always runs before it (it is
-    reported only if requested)."""
+    trained on the ``cold`` run's observations, so ``cold`` always runs before it, and
+    ``express`` uses the same model after ``aitp`` (each reported only if requested)."""
+    if "express" in modes:
+        return ["cold", "aitp", "express"]
     if "aitp" in modes:
         return ["cold", "aitp"]
     return ["cold"] if "cold" in modes else []
@@ -213,12 +240,13 @@ class Bench:
     """The runs of one workload on one broker."""
 
     def __init__(self, broker: str, workload: str, items: list[Item],
-                 policy: str | None = None, attempts: int = 2, amqp: str | None = None
-                 ) -> None:
+                 policy: str | None = None, attempts: int = 2, amqp: str | None = None,
+                 express: int = 1) -> None:
         self.store = broker  # celery_aitp's store and the timings: always Redis
         self.amqp = amqp
         self.broker = amqp or broker
         self.attempts = attempts
+        self.express = express  # processes of the express run's express worker
         self.policy = policy
         self.workload = workload
         self.items = items
@@ -277,15 +305,17 @@ class Bench:
                 "AITP_BENCH_PREFIX": prefix, "AITP_BENCH_QUEUE": queue,
                 "AITP_BENCH_POLICY": self.policy or ""}
 
-    def worker(self, mode: str, deployment: str) -> BenchWorker:
+    def worker(self, mode: str, deployment: str, slots: int = SLOTS,
+               extra: tuple[str, ...] = ()) -> BenchWorker:
         flags = ["-Q", self.names(deployment)[1]] if mode == "fifo" else \
             ["--aitp-tenant", "*", "--aitp-accelerator", "cpu"]
-        return BenchWorker(f"{deployment}-{os.getpid()}", SLOTS, flags,
+        name = f"{deployment.replace('+', 'p')}{'-express' if extra else ''}-{os.getpid()}"
+        return BenchWorker(name, slots, [*flags, *extra],
                            self.env(mode, deployment), app=APP)
 
     def run(self, modes: list[str]) -> dict[str, Figures]:
         found: dict[str, Figures] = {}
-        for mode in ("fifo", "oracle"):
+        for mode in ("fifo", "oracle", "fifo+1"):
             if mode in modes:
                 found.update(self.deployment(mode, [mode]))
         learned = learned_runs(modes)
@@ -296,7 +326,7 @@ class Bench:
 
     def deployment(self, name: str, runs: list[str]) -> dict[str, Figures]:
         """One deployment (fresh keys, one worker) and its runs, in order."""
-        mode = "fifo" if name == "fifo" else "oracle" if name == "oracle" else "aitp"
+        mode = "fifo" if name.startswith("fifo") else "oracle" if name == "oracle" else "aitp"
         self.cleanup(name)
         app = make_app(mode, self.broker, *self.names(name), policy_with(self.policy),
                        store=self.store)
@@ -304,12 +334,19 @@ class Bench:
             app.aitp.store.write_stage({"stage": "takeover", "split": {}}, who="benchmark")
         out: dict[str, Figures] = {}
         try:
-            with running([self.worker(mode, name)]):
+            slots = SLOTS + 1 if name == "fifo+1" else SLOTS
+            with running([self.worker(mode, name, slots)]):
                 if mode != "fifo":
                     self.wait_live(app)
                 for run in runs:
                     if run == "aitp":
                         self.train(name)
+                    if run == "express":
+                        with running([self.worker(mode, name, self.express,
+                                                  ("--aitp-express",))]):
+                            time.sleep(5.0)  # advertised, and seen by the other (ttl / 3)
+                            out[run] = self.measure_undisturbed(app, run)
+                        continue
                     out[run] = self.measure_undisturbed(app, run)
             if mode != "fifo":
                 app.aitp.close()
@@ -356,6 +393,7 @@ class Bench:
         task = app.tasks[TASK]
         published = [math.nan] * len(self.items)
         sent = [math.nan] * len(self.items)  # when apply_async returned (--raw only)
+        headers: dict[str, Any] = {CORES_HEADER: SLOTS} if run in SHARED_RUNS else {}
         t0 = time.time() + 0.2
         for item in self.items:
             delay = t0 + item.at - time.time()
@@ -364,12 +402,12 @@ class Bench:
             published[item.index] = time.time()
             task.apply_async((item.units,), task_id=f"{id_prefix}{item.index:06d}",
                              headers={"aitp_tenant": item.tenant,
-                                      RUNTIME_HEADER: item.runtime_s})
+                                      RUNTIME_HEADER: item.runtime_s, **headers})
             sent[item.index] = time.time()
         key = results_key(app.conf.task_default_queue)
         self.wait_done(key, id_prefix)
         n = len(self.items)
-        started, finished = [math.nan] * n, [math.nan] * n
+        started, finished, shared = [math.nan] * n, [math.nan] * n, [0.0] * n
         tiers: list[str | None] = [None] * n
         routes: list[dict[str, Any]] = [{}] * n  # queue and prediction source (--raw)
         for raw in self.client.lrange(key, 0, -1):
@@ -378,16 +416,18 @@ class Bench:
             if task_id.startswith(id_prefix):
                 i = int(task_id[len(id_prefix):])
                 started[i], finished[i], tiers[i] = rec["started"], rec["finished"], rec["tier"]
+                shared[i] = rec.get("shared_s") or 0.0
                 routes[i] = {"queue": rec.get("queue"), "source": rec.get("source")}
                 if _in_lane(rec.get("queue")):
                     tiers[i] = "lane"  # the class's over-share lane (its tier: the lowest)
         self.raw[run] = [{"tenant": i.tenant, "units": i.units, "runtime_s": i.runtime_s,
                           "published": published[i.index], "sent": sent[i.index],
                           "started": started[i.index],
-                          "finished": finished[i.index], "tier": tiers[i.index],
+                          "finished": finished[i.index], "shared_s": shared[i.index],
+                          "tier": tiers[i.index],
                           **routes[i.index]}
                          for i in self.items]
-        return figures(run, self.items, published, started, finished, tiers)
+        return figures(run, self.items, published, started, finished, tiers, shared)
 
     def wait_done(self, key: str, id_prefix: str) -> None:
         last, last_change = -1, time.monotonic()
@@ -465,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(default 2: acme and globex, listed)")
     parser.add_argument("--attempts", type=int, default=2,
                         help="measure a run the machine disturbed again, up to this many times")
+    parser.add_argument("--express", type=int, default=1,
+                        help="processes of the express run's express worker (default 1)")
     parser.add_argument("--raw", type=Path, default=None,
                         help="also write every task's timings here (JSON lines)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -488,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in workloads:
         items = WORKLOADS[name].schedule(duration, args.seed + list(WORKLOADS).index(name),
                                          tenants=args.tenants)
-        bench = Bench(args.broker, name, items, policy, max(1, args.attempts), args.amqp)
+        bench = Bench(args.broker, name, items, policy, max(1, args.attempts), args.amqp,
+                      args.express)
         bench.check_free()
         # the window the arrivals were scaled to (the last arrival may come before its end)
         span = sum(i.runtime_s for i in items) / (SLOTS * LOAD) if items else duration

@@ -5,6 +5,9 @@ placement workload's policy (two tenants, defaults otherwise); whether a model i
 depends on what was promoted in the run's store. ``oracle``: the same, and the producer's
 ``predict`` stage reads the true runtime from the ``bench_runtime_s`` header. The task
 sleeps for that header's runtime and appends its start and end times to a Redis list.
+With a ``bench_cores`` header it instead works as on a machine of that many cores shared
+by every running task of the run, over all its workers (:func:`work`): how a worker with
+one process more than the machine has cores runs.
 Plain Celery's worker settings are left as they are (the AITP worker sets what tier
 order needs itself); results are ignored.
 
@@ -23,7 +26,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from benchmarks.bench_runs import MODES, RUNTIME_HEADER, results_key
+from benchmarks.bench_runs import CORES_HEADER, MODES, RUNTIME_HEADER, results_key, running_key
 from benchmarks.placement_workloads import POLICY, TASK
 from celery_aitp.core.request import read_header
 
@@ -35,6 +38,38 @@ def policy_with(extra: str | None) -> dict[str, Any]:
     if extra:
         found.update(json.loads(extra))
     return found
+
+
+#: Seconds between two looks at how many tasks share the cores.
+STEP_S = 0.005
+
+
+def work(client: redis.Redis, counter: str, runtime_s: float, cores: float | None) -> float:
+    """Take ``runtime_s`` of one core's time; returns the seconds lost to sharing.
+
+    Without ``cores``: a sleep, as a task alone on its core. With it: the run's tasks
+    share ``cores`` cores as an operating system time-slices processes (each of ``n``
+    running tasks progresses at ``min(1, cores / n)``), counted in the Redis ``counter``
+    every task of the run increments while it runs. So a fifth task on four cores slows
+    the four others by a fifth instead of waiting for one of them to end.
+    """
+    if not cores:
+        time.sleep(runtime_s)
+        return 0.0
+    client.incr(counter)
+    try:
+        left, lost = runtime_s, 0.0
+        last = time.monotonic()
+        while left > 0:
+            rate = min(1.0, cores / max(1, int(client.get(counter) or 1)))
+            time.sleep(min(STEP_S, left / rate))
+            now = time.monotonic()
+            left -= (now - last) * rate
+            lost += (now - last) * (1.0 - rate)
+            last = now
+        return lost
+    finally:
+        client.decr(counter)
 
 
 def make_app(mode: str, broker: str, prefix: str, queue: str,
@@ -66,13 +101,15 @@ def make_app(mode: str, broker: str, prefix: str, queue: str,
         runtime = getattr(self.request, RUNTIME_HEADER, None)
         if not isinstance(runtime, (int, float)):
             runtime = headers.get(RUNTIME_HEADER, d / 1000)
-        time.sleep(max(0.0, float(runtime)))
+        cores = getattr(self.request, CORES_HEADER, None) or headers.get(CORES_HEADER)
+        lost = work(sink, running_key(queue), max(0.0, float(runtime)),
+                    float(cores) if isinstance(cores, (int, float)) else None)
         finished = time.time()
         aitp = read_header(getattr(self.request, "aitp", None)) or {}
         sink.rpush(key, json.dumps({
             "id": self.request.id, "started": started, "finished": finished,
             "tier": aitp.get("tier"), "queue": aitp.get("queue"),
-            "source": aitp.get("prediction_source"),
+            "source": aitp.get("prediction_source"), "shared_s": lost,
         }))
 
     return app

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import click
@@ -21,7 +22,7 @@ from celery_aitp.deployment import store_url_for
 from celery_aitp.errors import PolicyError, StoreError
 from celery_aitp.layout import physical_groups
 from celery_aitp.policy import Policy
-from celery_aitp.queues import served_queues
+from celery_aitp.queues import parse_tier_queue, served_queues
 from celery_aitp.redact import redact
 from celery_aitp.scheduling.feedback import FeedbackPass
 from celery_aitp.worker import acks, aging, reserve, tier_cycle
@@ -38,6 +39,11 @@ WORKER_OPTIONS = (
                  help="Comma-separated tiers to serve (default: all tiers)."),
     click.Option(["--aitp-no-default-queue"], is_flag=True, default=False,
                  help="Consume only tier queues, not the default queue."),
+    click.Option(["--aitp-express"], is_flag=True, default=False,
+                 help="An express worker: serve only the top tier, not the default queue. "
+                      "Run one with a process or two beside the regular workers, on the "
+                      "same machines: short tasks then start while every regular process "
+                      "holds a long one (docs/placement.md)."),
     click.Option(["--aitp-strict/--aitp-no-strict"], default=True,
                  help="Acknowledge tier-queue deliveries after the run so no lower-tier "
                       "task is held in reserve (default; a task's own acks_late=False is "
@@ -50,14 +56,21 @@ class WorkerPlan:
     """What one AITP worker serves, validated against the policy."""
 
     def __init__(self, policy: Policy, tenants: Any, accelerator: str | None,
-                 tiers: str | None, no_default_queue: bool) -> None:
+                 tiers: str | None, no_default_queue: bool, express: bool = False) -> None:
         self.tenants = _parse_tenants(policy, tenants)
         self.accelerator = accelerator or policy.default_accelerator
         if self.accelerator not in policy.accelerators:
             raise PolicyError(f"--aitp-accelerator: unknown class {self.accelerator!r} "
                               f"(policy accelerators: {', '.join(policy.accelerators)})")
-        self.tiers = _parse_tiers(policy, tiers)
-        self.no_default_queue = bool(no_default_queue)
+        if express and tiers:
+            raise PolicyError("--aitp-express serves the top tier only: leave out "
+                              f"--aitp-tiers {tiers!r} (or use it alone)")
+        if express and not self.tenants:
+            raise PolicyError("--aitp-express needs --aitp-tenant (which tenants' top "
+                              "tier to serve; '*' for all)")
+        self.tiers = _parse_tiers(policy, tiers) if not express else list(policy.tier_names[:1])
+        self.no_default_queue = bool(no_default_queue or express)
+        self.express = bool(express)
         self.classes = frozenset(policy.tenant_classes)
 
     @property
@@ -137,13 +150,13 @@ class AitpWorkerStep(bootsteps.StartStopStep):
 
     def __init__(self, worker: Any, aitp_tenant: Any = None, aitp_accelerator: str | None = None,
                  aitp_tiers: str | None = None, aitp_no_default_queue: bool = False,
-                 aitp_strict: bool = True, **kwargs: Any) -> None:
+                 aitp_strict: bool = True, aitp_express: bool = False, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         app = worker.app
         self.middleware = app.aitp
         policy = self.middleware.policy  # raises PolicyError: the worker refuses to start
         self.plan = WorkerPlan(policy, aitp_tenant, aitp_accelerator, aitp_tiers,
-                               aitp_no_default_queue)
+                               aitp_no_default_queue, aitp_express)
         self.store_configured = self._check_store(app)
         if self.plan.enabled:
             refuse_quorum_queues(app, self.middleware.broker_driver)
@@ -293,16 +306,35 @@ class AitpWorkerStep(bootsteps.StartStopStep):
     def _advertise_loop(self) -> None:
         settings = self.middleware.settings
         info = {"tenants": self.plan.tenants, "accelerator": self.plan.accelerator,
-                "tiers": self.plan.tiers, "default_queue": not self.plan.no_default_queue}
+                "tiers": self.plan.tiers, "default_queue": not self.plan.no_default_queue,
+                "express": self.plan.express}
         period = settings.worker_ttl_s / 3
         while True:
             try:
                 self.middleware.store.advertise(self.hostname, self.plan.queue_names(), info,
                                                 settings.worker_ttl_s)
+                self._follow_express()
             except StoreError as exc:
                 logger.warning("aitp: advertisement failed: %s", redact(exc))
             if self._stop.wait(period):
                 return
+
+    def _follow_express(self) -> None:
+        """Let the reserve stand aside while an express worker reads this worker's top
+        tier (``worker/reserve.py``), and say so when that changes."""
+        kept = self._reserve
+        if kept is None:
+            return
+        top = self.middleware.policy.tier_names[0]
+        queues = [q for q in self.plan.queue_names()
+                  if (parsed := parse_tier_queue(q)) and parsed[2] == top]
+        live = reserve.express_covers(self.middleware.store.workers(), queues, time.time(),
+                                      self.middleware.settings.worker_ttl_s)
+        if live != kept.express_live:
+            logger.info("aitp: %s", "an express worker reads the top tier: the reserve "
+                        "stands aside" if live else "no express worker reads the top tier: "
+                        "the reserve keeps its processes again")
+        kept.express_live = live
 
 
 def register_worker_extensions(app: Any) -> None:

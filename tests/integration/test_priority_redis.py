@@ -251,6 +251,37 @@ def test_a_worker_keeps_a_process_for_a_short_task_while_long_ones_wait(deployme
     assert short["at"] < starts[2], (short["at"], starts)
 
 
+def test_an_express_worker_runs_a_short_task_while_every_regular_process_is_long(
+        deployment, request):
+    """``--aitp-express`` (docs/placement.md): a worker serving only the top tier runs a
+    short task while every process of the regular worker holds a long one, and the regular
+    worker's reserve stands aside while it is advertised (the third long run starts at
+    once; without the express worker it waited for the first to end, test above)."""
+    proj = reserve_worker(deployment, request, max_wait_runs=50)
+    request.getfixturevalue("start_worker")(
+        "express", "--aitp-tenant", "acme", "--aitp-express", pool="threads", concurrency=1)
+    store, deadline = proj.app.aitp.store, time.monotonic() + 15
+    while not [w for w in store.workers() if w.get("express")]:
+        assert time.monotonic() < deadline, store.workers()
+        time.sleep(0.1)
+    (express,) = [w for w in store.workers() if w.get("express")]
+    assert express["queues"] == ["aitp.acme.cpu.hi"] and express["default_queue"] is False
+    time.sleep(1.5)  # the regular worker's next advertisement round (ttl / 3) sees it
+    headers = {"aitp_tenant": "acme"}
+    his = [proj.busy_hi.apply_async((i, 0.2), headers=headers) for i in range(4)]
+    assert any(r.get(timeout=30)["hostname"].startswith("acme") for r in his)  # read hi
+    longs = [proj.step.apply_async((i, 1.5), headers=headers) for i in range(1, 4)]
+    time.sleep(0.5)
+    short = proj.where_hi.apply_async((9,), headers=headers).get(timeout=30)
+    done = time.time()
+    runs = [r.get(timeout=60) for r in longs]
+    assert {r["queue"] for r in runs} == {"aitp.acme.cpu.lo"}
+    starts = sorted(r["started"] for r in runs)
+    assert starts[2] - starts[0] < 1.0, starts  # no process kept: all three ran at once
+    assert short["hostname"].startswith("express"), short
+    assert done < starts[0] + 1.5, (done, starts)  # before any long run ended
+
+
 def test_a_lowest_tier_task_that_waited_long_is_read_before_a_higher_tiers_backlog(
         deployment, request):
     """Aging on Redis (worker/reserve.py): once the lowest tier's oldest task has waited

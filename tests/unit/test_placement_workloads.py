@@ -52,8 +52,51 @@ def test_the_crowd_policy_takes_every_tenant_into_one_class() -> None:
     (["fifo", "cold", "aitp"], ["cold", "aitp"]),
     (["cold"], ["cold"]),
     (["fifo", "oracle"], []),
+    (["fifo", "express"], ["cold", "aitp", "express"]),  # the express run uses aitp's model
 ])
 def test_the_aitp_run_always_has_its_cold_warm_up(modes, runs):
     from benchmarks.placement import learned_runs
 
     assert learned_runs(modes) == runs
+
+
+def test_time_lost_to_a_shared_core_counts_as_waiting_not_running() -> None:
+    from benchmarks.placement import figures
+    from benchmarks.placement_workloads import Item
+
+    items = [Item(i, 0.0, "acme", 20, 0.02) for i in range(4)]
+    items.append(Item(4, 0.0, "acme", 500, 0.5))
+    zero, ends = [0.0] * 5, [0.02] * 4 + [0.6]
+    # the long task started at once but ran 0.1 s longer, slowed by a neighbour
+    alone = figures("x", items, zero, zero, ends, [None] * 5)
+    shared = figures("x", items, zero, zero, ends, [None] * 5, [0.0] * 4 + [0.1])
+    assert alone.long_max_wait_s == 0.0
+    assert shared.long_max_wait_s == pytest.approx(0.1)
+    assert shared.mean_slowdown == pytest.approx((4 * 0.02 / 0.1 + 0.6 / 0.5) / 5)
+    assert shared.overrun_ms == pytest.approx(0.0, abs=1e-9)
+    assert alone.overrun_ms == pytest.approx(100.0 / 5)  # unexplained: a machine's stall
+
+
+def test_a_task_alone_on_its_core_sleeps_and_loses_nothing() -> None:
+    import fakeredis
+
+    from benchmarks.placement_app import work
+
+    client = fakeredis.FakeRedis()
+    assert work(client, "run:running", 0.0, None) == 0.0
+    assert work(client, "run:running", 0.001, 4) >= 0.0
+    assert int(client.get("run:running") or 0) == 0  # every task takes itself off
+
+
+def test_a_fifth_task_on_four_cores_loses_a_fifth_of_its_time() -> None:
+    import fakeredis
+
+    from benchmarks.placement_app import work
+
+    client = fakeredis.FakeRedis()
+    client.set("run:running", 4)  # four others running
+    lost = work(client, "run:running", 0.02, 4)
+    # rate 4/5: 0.025 s to do 0.02 s of work, 0.005 s of it lost (sleep overruns add to
+    # both, so only the lower bound is exact)
+    assert lost >= 0.2 * 0.025 * 0.99
+    assert int(client.get("run:running")) == 4

@@ -18,7 +18,13 @@ from celery_aitp.stubs import MemoryQueueOps
 from celery_aitp.telemetry.counters import Counters
 from celery_aitp.worker import tier_cycle
 from celery_aitp.worker.bootstep import AitpWorkerStep
-from celery_aitp.worker.reserve import SAMPLE_S, Reserve, ReserveSampler, lowest_tier_queues
+from celery_aitp.worker.reserve import (
+    SAMPLE_S,
+    Reserve,
+    ReserveSampler,
+    express_covers,
+    lowest_tier_queues,
+)
 from celery_aitp.worker.tier_cycle import WeightedTierCycle
 from tests.conftest import TEST_POLICY
 from tests.support.queue_order import brpop
@@ -340,11 +346,12 @@ def test_the_reserve_is_on_by_default_and_can_be_turned_off():
         parse_policy({"tenants": {"default": {}}, "reserve": {"max_wait_runs": 0}})
 
 
-def worker_step(concurrency: int, strict: bool = True, **policy: Any) -> tuple[Any, Any]:
+def worker_step(concurrency: int, strict: bool = True, store: Any = None,
+                **policy: Any) -> tuple[Any, Any]:
     """An AITP worker step for tenant acme on a Redis broker (nothing connects)."""
     app = Celery("reserve", broker="redis://127.0.0.1:1/0")
     celery_aitp.install(app, policy={**TEST_POLICY, **policy},
-                        store_url="redis://127.0.0.1:1/0")
+                        store_url="redis://127.0.0.1:1/0", store=store)
     worker = SimpleNamespace(app=app, hostname="w@test", prefetch_multiplier=1,
                              concurrency=concurrency)
     step = AitpWorkerStep(worker, aitp_tenant=("acme",), aitp_strict=strict)
@@ -378,3 +385,62 @@ def test_no_reserve_where_it_cannot_pay_off(no_reserve_after, concurrency, stric
     app, step = worker_step(concurrency, strict, **policy)
     assert tier_cycle._reserve is None and step._reserve is None
     assert "polling_interval" not in app.conf.broker_transport_options
+
+
+def test_while_an_express_worker_runs_short_tasks_the_reserve_keeps_no_process(setup):
+    reserve, held, clock = setup
+    capped(reserve, held, clock, 1.0)
+    assert reserve.holds()
+    reserve.express_live = True
+    assert not reserve.holds() and not reserve.capped and not reserve.watching
+    assert counted(reserve) == {}  # nothing was kept, so nothing was let go
+    reserve.express_live = False  # the express worker is gone: the process is kept again
+    assert reserve.holds()
+
+
+EXPRESS = {"express": True, "heartbeat": 1000.0, "queues": ["aitp.acme.cpu.hi",
+                                                           "aitp.globex.cpu.hi"]}
+
+
+@pytest.mark.parametrize("workers, covered", [
+    ([EXPRESS], True),
+    ([{**EXPRESS, "heartbeat": 900.0}], False),  # its advertisement expired
+    ([{**EXPRESS, "express": False}], False),  # a regular worker reads the top tier too
+    ([{**EXPRESS, "queues": ["aitp.globex.cpu.hi"]}], False),  # not this worker's tenants
+    ([{**EXPRESS, "queues": ["aitp.globex.cpu.hi"]},
+      {**EXPRESS, "queues": ["aitp.acme.cpu.hi"]}], True),  # two express workers together
+    ([{**EXPRESS, "queues": "aitp.acme.cpu.hi"}, {"heartbeat": "x"}], False),  # malformed
+])
+def test_express_workers_cover_a_top_tier_only_live_and_whole(workers, covered):
+    assert express_covers(workers, ["aitp.acme.cpu.hi"], now=1010.0, ttl_s=30.0) is covered
+    assert not express_covers(workers, [], now=1010.0, ttl_s=30.0)
+
+
+def test_a_worker_sees_an_express_worker_come_and_go(no_reserve_after, store, caplog):
+    app, step = worker_step(4, store=store)
+    assert step._reserve is not None and not step.plan.express
+    step._follow_express()
+    assert not step._reserve.express_live
+    store.advertise("express@test", ["aitp.acme.cpu.hi"],
+                    {"express": True, "tiers": ["hi"]}, 60)
+    with caplog.at_level(logging.INFO, logger="celery_aitp.worker.bootstep"):
+        step._follow_express()
+    assert step._reserve.express_live
+    assert "the reserve stands aside" in caplog.text
+    store.withdraw("express@test")
+    step._follow_express()
+    assert not step._reserve.express_live
+
+
+def test_an_express_worker_says_so_when_it_advertises(no_reserve_after, store):
+    app = Celery("reserve", broker="redis://127.0.0.1:1/0")
+    celery_aitp.install(app, policy=TEST_POLICY, store_url="redis://127.0.0.1:1/0",
+                        store=store)
+    worker = SimpleNamespace(app=app, hostname="x@test", prefetch_multiplier=1, concurrency=1)
+    step = AitpWorkerStep(worker, aitp_tenant=("acme",), aitp_express=True)
+    assert step._reserve is None  # one tier: nothing below to keep a process from
+    step._stop.set()  # one round
+    step._advertise_loop()
+    (doc,) = store.workers()
+    assert doc["express"] is True and doc["tiers"] == ["hi"] and not doc["default_queue"]
+    assert doc["queues"] == ["aitp.acme.cpu.hi"]

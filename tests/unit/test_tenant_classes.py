@@ -111,6 +111,21 @@ def test_workers_serve_owners_of_queues_and_refuse_a_tenant_that_shares_them() -
         WorkerPlan(POLICY, "newco", None, None, False)
 
 
+def test_an_express_worker_serves_only_the_top_tier_and_not_the_default_queue() -> None:
+    express = WorkerPlan(POLICY, "*", None, None, False, express=True)
+    assert express.tiers == ["hi"]
+    assert express.no_default_queue
+    assert express.queue_names() == ["aitp.acme.cpu.hi", "aitp.default.cpu.hi",
+                                     "aitp.std.cpu.hi", "aitp.closed.cpu.hi",
+                                     "aitp.std~over.cpu.hi", "aitp.closed~over.cpu.hi"]
+    assert WorkerPlan(POLICY, "acme", "cpu", None, False, express=True).queue_names() == [
+        "aitp.acme.cpu.hi"]
+    with pytest.raises(PolicyError, match="--aitp-express serves the top tier only"):
+        WorkerPlan(POLICY, "*", None, "mid", False, express=True)
+    with pytest.raises(PolicyError, match="--aitp-express needs --aitp-tenant"):
+        WorkerPlan(POLICY, (), None, None, False, express=True)
+
+
 def test_a_class_queue_reads_with_the_class_queue_weight() -> None:
     plan = WeightPlan(POLICY, ["aitp.acme.cpu.lo", "aitp.std.cpu.lo"])
     assert plan.weights == {"aitp.acme.cpu.lo": 2.0, "aitp.std.cpu.lo": 3.0}
