@@ -143,6 +143,16 @@ def refuse_quorum_queues(app: Any, driver: str) -> None:
             "from workers without --aitp-tenant.")
 
 
+def refuse_express_on_amqp(plan: WorkerPlan, driver: str) -> None:
+    """An express worker needs a broker queue per tier: on RabbitMQ a tenant's tiers share
+    one priority queue, so it would take long tasks as any process does."""
+    if plan.express and driver == "amqp":
+        raise PolicyError(
+            "--aitp-express on RabbitMQ: a tenant's tiers share one broker queue there, so "
+            "an express worker would take lower-tier tasks too. Use it with a Redis "
+            "broker, or give short work an accelerator class of its own and workers for it.")
+
+
 class AitpWorkerStep(bootsteps.StartStopStep):
     """Sets up tier consumption before the consumer starts; advertises and cleans up."""
 
@@ -160,6 +170,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         self.store_configured = self._check_store(app)
         if self.plan.enabled:
             refuse_quorum_queues(app, self.middleware.broker_driver)
+            refuse_express_on_amqp(self.plan, self.middleware.broker_driver)
         self.hostname = worker.hostname
         self.concurrency = getattr(worker, "concurrency", None) or 1
         self._occupancy: Any = None

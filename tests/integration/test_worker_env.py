@@ -31,3 +31,12 @@ def test_environment_variables_configure_the_worker(proj, start_worker, deployme
     assert advertised_queues(proj) == {"aitp.acme.gpu.hi", "aitp.acme.gpu.mid"}
     (info,) = proj.app.aitp.store.workers()
     assert info["accelerator"] == "gpu" and info["default_queue"] is False
+
+
+def test_the_environment_makes_an_express_worker(proj, start_worker, deployment):
+    deployment.update({"CELERY_WORKER_AITP_TENANT": "acme", "CELERY_WORKER_AITP_EXPRESS": "1"})
+    start_worker("express")
+    assert advertised_queues(proj) == {"aitp.acme.cpu.hi"}
+    (info,) = proj.app.aitp.store.workers()
+    assert info["express"] is True and info["tiers"] == ["hi"]
+    assert info["default_queue"] is False

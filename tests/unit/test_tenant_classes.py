@@ -15,7 +15,7 @@ from celery_aitp.policy import SplitSettings, Stage, TenantNames, parse_policy
 from celery_aitp.publish.pipeline import Pipeline, default_stages
 from celery_aitp.scheduling.size_classes import SizeClasses
 from celery_aitp.scheduling.usage import UsageSnapshot
-from celery_aitp.worker.bootstep import WorkerPlan
+from celery_aitp.worker.bootstep import WorkerPlan, refuse_express_on_amqp
 from celery_aitp.worker.observe import checked_header
 from celery_aitp.worker.tier_cycle import WeightPlan
 from tests.conftest import TEST_POLICY
@@ -124,6 +124,10 @@ def test_an_express_worker_serves_only_the_top_tier_and_not_the_default_queue() 
         WorkerPlan(POLICY, "*", None, "mid", False, express=True)
     with pytest.raises(PolicyError, match="--aitp-express needs --aitp-tenant"):
         WorkerPlan(POLICY, (), None, None, False, express=True)
+    refuse_express_on_amqp(express, "redis")
+    refuse_express_on_amqp(WorkerPlan(POLICY, "*", None, None, False), "amqp")
+    with pytest.raises(PolicyError, match="--aitp-express on RabbitMQ: a tenant's tiers share"):
+        refuse_express_on_amqp(express, "amqp")
 
 
 def test_a_class_queue_reads_with_the_class_queue_weight() -> None:
