@@ -46,5 +46,6 @@ def command(ctx: click.Context, as_json: bool) -> None:
     now = time.time()
     table("workers", ["worker", "accelerator", "tenants", "tiers", "heartbeat age s"],
           [(w.get("worker"), w.get("accelerator"), ",".join(w.get("tenants", [])),
-            ",".join(w.get("tiers", [])), now - float(w.get("heartbeat", now))) for w in workers])
+            ",".join(w.get("tiers", [])) + (" (express)" if w.get("express") is True else ""),
+            now - float(w.get("heartbeat", now))) for w in workers])
     table("counters", ["counter", "count"], sorted(counts.items()))

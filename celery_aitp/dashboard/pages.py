@@ -217,7 +217,7 @@ def workers(snap: Snapshot, ttl_s: float) -> dict[str, Any]:
             "worker": w.get("worker"), "accelerator": w.get("accelerator"),
             "tenants": list(w.get("tenants") or []), "tiers": list(w.get("tiers") or []),
             "queues": list(w.get("queues") or []), "default_queue": w.get("default_queue"),
-            "heartbeat": heartbeat,
+            "express": w.get("express") is True, "heartbeat": heartbeat,
             "heartbeat_age_s": None if heartbeat is None else max(0.0, snap.at - heartbeat),
             "alive": _alive(w, snap.at, ttl_s),
         })

@@ -142,6 +142,7 @@ def test_tenants_shares_and_fairness(client, store):
 def test_workers_and_predictions(client):
     worker = client.get("/api/workers").json()["workers"][0]
     assert worker["worker"] == "gpu1@host" and worker["accelerator"] == "gpu" and worker["alive"]
+    assert worker["express"] is False  # an express worker (--aitp-express) says so
     data = client.get("/api/predictions").json()
     assert len(data["points"]) == 6 and data["runs_without_prediction"] == 1
     by_task = {t["task"]: t for t in data["by_task"]}

@@ -221,9 +221,12 @@ def test_status_shows_the_guard(app, mw, ops):
     from celery_aitp.cli.celery_command import aitp
 
     make_guard(mw, ops, []).start()
+    mw.store.advertise("express@host", ["aitp.acme.cpu.hi"],
+                       {"tenants": ["acme"], "tiers": ["hi"], "express": True}, 60)
     out = CliRunner().invoke(aitp, ["status"], obj=SimpleNamespace(app=app))
     assert out.exit_code == 0, out.output
     assert "guard: running" in out.output and "at 10% (step 1/3, failures 0/2)" in out.output
+    assert "hi (express)" in out.output
 
 
 # --- watching takeover ------------------------------------------------------------------
