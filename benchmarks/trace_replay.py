@@ -21,6 +21,10 @@ Per trace, with the default policy:
 - ``cold``: the same, with no model at all (predictions from the replayed history only);
 - ``fifo``: one FIFO queue, as plain Celery; ``oracle``: the true runtimes as predictions.
 
+With ``--express N`` every run but FIFO has an express worker of N processes beside each
+worker (``--aitp-express``), sharing its slots as cores: runs on a machine time-share
+them, and the time a run loses that way counts as waiting.
+
 Targets (issue 17): mean bounded slowdown <= 0.5x FIFO's and <= 1.2x the oracle's; short
 tasks' (the fastest 80% by true runtime) p95 wait <= 0.3x FIFO's; long tasks' longest
 wait <= 2x FIFO's; cold start's mean slowdown <= FIFO's. Writes
@@ -86,7 +90,8 @@ def middle_slice(trace: Trace, jobs: int) -> Trace:
 
 
 def replay_trace(name: str, trace: Trace, policy: Policy, load: float,
-                 train_share: float, trainer: TrainerSettings | None) -> dict[str, Any]:
+                 train_share: float, trainer: TrainerSettings | None,
+                 express: int = 0) -> dict[str, Any]:
     """One trace: train on its first part, replay aitp, cold, FIFO and the oracle."""
     cut = int(len(trace) * train_share)
     started = time.perf_counter()
@@ -97,7 +102,7 @@ def replay_trace(name: str, trace: Trace, policy: Policy, load: float,
     slots = slots_for_load(trace, load, policy.default_accelerator)
     config = ReplayConfig(slots=slots, tau_s=TAU_S, size_targets=True,
                           refresh_interval_s=REFRESH_S, count_from=trace.published[cut],
-                          trainer=trainer)
+                          trainer=trainer, express=express)
     build = pipeline_factory(policy)
     with embedded_stores(model=trained.bundle) as stores, \
             embedded_stores("aitp-replay-cold") as cold_stores:
@@ -198,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a policy file instead of the default policy")
     parser.add_argument("--trainer-every", type=float, default=600.0,
                         help="simulated seconds between trainer rounds (0: no trainer)")
+    parser.add_argument("--express", type=int, default=0,
+                        help="processes of an express worker beside each worker, sharing "
+                             "its slots as cores (aitp, cold and oracle runs; 0: none)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     policy = read_policy_file(str(args.policy)) if args.policy else parse_policy({})
@@ -209,14 +217,16 @@ def main(argv: list[str] | None = None) -> int:
             trace = middle_slice(convert(swf, Path(tmp) / f"{name}.jsonl"), args.jobs)
             console.print(f"{name}: {len(trace)} jobs over {trace.span_s / 86400:.1f} days")
             found.append(replay_trace(name, trace, policy, args.load, args.train_share,
-                                      trainer))
+                                      trainer, args.express))
             console.print(f"  replayed in {found[-1]['seconds']:.0f}s")
     print_tables(found)
     command = ("python benchmarks/trace_replay.py " + " ".join(p.name for p in args.traces)
                + f" --jobs {args.jobs} --load {args.load:g} --train-share {args.train_share:g}"
                + f" --trainer-every {args.trainer_every:g}"
-               + (f" --policy {args.policy.name}" if args.policy else ""))
-    suffix = f"-{args.policy.stem}" if args.policy else ""
+               + (f" --policy {args.policy.name}" if args.policy else "")
+               + (f" --express {args.express}" if args.express else ""))
+    suffix = (f"-{args.policy.stem}" if args.policy else "") \
+        + ("-express" if args.express else "")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"trace-replay{suffix}.json").write_text(json.dumps(found, indent=1) + "\n")
     (args.out / f"trace-replay{suffix}.md").write_text(markdown(found, command))

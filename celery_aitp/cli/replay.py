@@ -88,6 +88,10 @@ def report_meta(result: ReplayResult, source: str, config: ReplayConfig) -> list
             f"bounded slowdown: runtimes below {config.tau_s:g}s count as {config.tau_s:g}s; "
             "short tasks: the fastest 80% by true runtime, long: the slowest 20%",
             "tiers: every run is grouped by the tier the first policy gives each task"]
+    if config.express:
+        meta.append(f"express worker: {config.express} process(es) beside each class's worker "
+                    "in the policies' runs, sharing its slots as cores (time lost to sharing "
+                    "counts as waiting; no reserve)")
     if config.count_from is not None:
         skipped = sum(1 for p in trace.published if p < config.count_from)
         meta.append(f"warm-up: the first {config.count_from - trace.published[0]:.0f}s "
@@ -161,6 +165,10 @@ def replay_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           "trainer --every` would (e.g. 10m): on the replayed runs, once "
                           "100 new ones arrived, promoting only a better model. Default: "
                           "the model stays as it started."),
+        click.option("--express", "express", default=0, show_default=True,
+                     type=click.IntRange(min=0),
+                     help="Processes of an express worker (--aitp-express) beside each "
+                          "class's worker, sharing its slots as cores (0: none)."),
         click.option("--consumption", default="policy", show_default=True,
                      help="Workers' queue order: 'policy' (as the policy's tier_order makes "
                           "workers read), or a kombu strategy name or module:Class."),
@@ -189,6 +197,7 @@ class Sizing:
     tau_s: float = 0.1
     refresh_s: float = 1.0
     trainer_every: str | None = None
+    express: int = 0
 
 
 def _slots(trace: Trace, sizing: Sizing, default_accelerator: str) -> dict[str, int]:
@@ -224,7 +233,7 @@ def config_for(trace: Trace, sizing: Sizing, consumption: str, overhead_ms: str,
                         declarations=declarations, tau_s=sizing.tau_s,
                         refresh_interval_s=sizing.refresh_s, size_targets=True,
                         count_from=trace.published[0] + count_from_s if count_from_s else None,
-                        trainer=_trainer(sizing.trainer_every))
+                        trainer=_trainer(sizing.trainer_every), express=sizing.express)
 
 
 def _trainer(every: str | None) -> TrainerSettings | None:
@@ -269,7 +278,7 @@ def _load(path: str) -> Trace:
 @click.pass_context
 def command(ctx: click.Context, trace: str | None, policy: str | None, versus: tuple[str, ...],
             workers: str | None, load: float | None, tau_s: float, refresh_s: float,
-            trainer_every: str | None, consumption: str, overhead_ms: str,
+            trainer_every: str | None, express: int, consumption: str, overhead_ms: str,
             count_from_s: float, report: Path) -> None:
     """Replay TRACE (a JSON-lines file; default: the store's observations) under a policy."""
     from celery_aitp.cli.celery_command import middleware_of
@@ -293,7 +302,7 @@ def command(ctx: click.Context, trace: str | None, policy: str | None, versus: t
         fail(str(exc))
     if not len(loaded):
         fail(f"{source}: no replayable records ({loaded.skipped_summary()})")
-    config = config_for(loaded, Sizing(workers, load, tau_s, refresh_s, trainer_every),
+    config = config_for(loaded, Sizing(workers, load, tau_s, refresh_s, trainer_every, express),
                         consumption, overhead_ms, app_declarations(mw),
                         str(mw.app.conf.task_default_queue), mw.policy.default_accelerator,
                         count_from_s)
@@ -323,8 +332,8 @@ def command(ctx: click.Context, trace: str | None, policy: str | None, versus: t
 def offline_command(trace: str, policy: str | None, model_dir: str | None,
                     train_share: float | None, cold_start: bool, versus: tuple[str, ...],
                     workers: str | None, load: float | None, tau_s: float, refresh_s: float,
-                    trainer_every: str | None, consumption: str, overhead_ms: str,
-                    count_from_s: float, report: Path) -> None:
+                    trainer_every: str | None, express: int, consumption: str,
+                    overhead_ms: str, count_from_s: float, report: Path) -> None:
     """Replay TRACE (observation records, JSON lines) under a policy, FIFO and the oracle.
 
     Without an app the tasks' declarations are unknown: each record's accelerator and
@@ -344,7 +353,7 @@ def offline_command(trace: str, policy: str | None, model_dir: str | None,
     if train_share is not None:
         model, count_from_s = _train_on_first(loaded, train_share, tests[0].policy)
         cold_start = True
-    config = config_for(loaded, Sizing(workers, load, tau_s, refresh_s, trainer_every),
+    config = config_for(loaded, Sizing(workers, load, tau_s, refresh_s, trainer_every, express),
                         consumption, overhead_ms, recorded_declarations,
                         default_accelerator=tests[0].policy.default_accelerator,
                         count_from_s=count_from_s)

@@ -16,6 +16,12 @@ the simulated clock: it sees exact waits where the real worker samples them ever
 quarter second, and it is woken when the reserve would let go by time alone (its oldest
 lowest-tier task reaches the longest wait, or no higher tier was read for that long).
 
+Workers that name the same ``machine`` share its cores (an express worker beside a
+regular one, ``--aitp-express``): each of the ``n`` runs on a machine of ``c`` cores
+progresses at ``min(1, c / n)``, as the operating system time-slices processes, so its
+end moves whenever a run on the machine starts or ends. The time a run loses that way
+is in :attr:`Outcome.lost` (a wait, not work: the run's own length is its runtime).
+
 Everything is plain lists, tuples and ``heapq``: no object per event. Ties are broken
 by sequence numbers, so a run is deterministic.
 """
@@ -26,7 +32,7 @@ import heapq
 import math
 from bisect import bisect
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kombu.utils.scheduling import cycle_by_name, priority_cycle
@@ -67,11 +73,11 @@ class SimWorker:
     """One simulated worker: the queues it reads, in order, and its concurrency."""
 
     __slots__ = ("name", "accelerator", "queues", "slots", "strategy", "overhead_s",
-                 "reserve")
+                 "reserve", "machine")
 
     def __init__(self, name: str, accelerator: str, queues: Sequence[str], slots: int,
                  strategy: str = "priority", overhead_s: float | None = None,
-                 reserve: KeptProcesses | None = None) -> None:
+                 reserve: KeptProcesses | None = None, machine: str | None = None) -> None:
         if slots < 1:
             raise ValueError(f"worker {name}: slots must be at least 1, got {slots}")
         self.name = name
@@ -81,16 +87,20 @@ class SimWorker:
         self.strategy = strategy
         self.overhead_s = overhead_s  # None: the engine's
         self.reserve = reserve
+        #: the machine whose cores it shares with other workers (None: a core per slot)
+        self.machine = machine
 
 
 class Outcome:
     """What one simulation produced, per task (by trace index) and over time."""
 
-    __slots__ = ("started", "worker", "labels", "label_names", "queues", "stranded",
+    __slots__ = ("started", "lost", "worker", "labels", "label_names", "queues", "stranded",
                  "makespan_s")
 
     def __init__(self, n: int) -> None:
         self.started: list[float] = [math.nan] * n
+        #: seconds each run lost to sharing its machine's cores (0 on a core of its own)
+        self.lost: list[float] = [0.0] * n
         self.worker: list[int] = [-1] * n  # index of the simulated worker that ran it
         self.labels: list[int] = [0] * n  # index into label_names (tier decided)
         self.label_names: list[str] = []
@@ -110,6 +120,28 @@ class _Request:
     def __init__(self, task: int, queue: str) -> None:
         self.id = task
         self.delivery_info = {"routing_key": queue}
+
+
+class _Machine:
+    """Cores shared by the runs of several workers: each run's work left, its worker and
+    the sequence number of its current end event (earlier ones are stale)."""
+
+    __slots__ = ("cores", "runs", "since")
+
+    def __init__(self, cores: float) -> None:
+        self.cores = cores
+        self.runs: dict[int, list[float]] = {}  # task -> [work left, worker, event seq]
+        self.since = 0.0  # when the work left was last brought up to date
+
+    def rate(self) -> float:
+        return min(1.0, self.cores / len(self.runs)) if self.runs else 1.0
+
+    def advance(self, now: float) -> None:
+        """Take the work done since the last change off every run."""
+        done = (now - self.since) * self.rate()
+        for run in self.runs.values():
+            run[0] -= done
+        self.since = now
 
 
 class _Run:
@@ -145,6 +177,14 @@ class _Run:
         self.seq = 0
         self.now = 0.0
         self.running: list[dict[int, _Request]] = [{} for _ in self.workers]
+        machines = {w.machine: _Machine(cores) for w in self.workers
+                    if w.machine is not None
+                    for cores in [engine.cores.get(w.machine)] if cores is not None}
+        missing = {w.machine for w in self.workers if w.machine is not None} - set(machines)
+        if missing:
+            raise ValueError(f"machines without a core count: {', '.join(sorted(missing))}")
+        self.machine: list[_Machine | None] = [
+            None if w.machine is None else machines[w.machine] for w in self.workers]
         self.reserves = [self._reserve(w, worker) for w, worker in enumerate(self.workers)]
         self.orders = [self._order(w) for w in range(len(self.workers))]
 
@@ -253,8 +293,32 @@ class _Run:
             self.cycles[w].rotate(queue)
             self.orders[w] = self._order(w)
 
+    def stale(self, w: int, task: int, seq: int) -> bool:
+        """Whether a run's end event was moved since (its machine's load changed)."""
+        machine = self.machine[w]
+        if machine is None:
+            return False
+        run = machine.runs.get(task)
+        return run is None or run[2] != seq  # ended already, or its end moved
+
+    def _reschedule(self, machine: _Machine, now: float) -> None:
+        """New end events for every run of a machine whose load just changed."""
+        rate = machine.rate()
+        for task, run in machine.runs.items():
+            self.seq += 1
+            run[2] = self.seq
+            heapq.heappush(self.heap, (now + max(0.0, run[0]) / rate, self.seq, int(run[1]),
+                                       task))
+
     def finished(self, w: int, task: int, now: float) -> None:
         self.now = now
+        machine = self.machine[w]
+        if machine is not None:
+            machine.advance(now)
+            del machine.runs[task]
+            self.out.lost[task] = max(0.0, now - self.out.started[task]
+                                      - self.runtime[task] - self.overheads[w])
+            self._reschedule(machine, now)
         reserve = self.reserves[w]
         if reserve is not None and self.running[w].pop(task, None) is not None:
             reserve.holds()  # times the run that ended
@@ -294,34 +358,45 @@ class _Run:
         self.free[w] -= 1
         if self.free[w]:
             self.blocked_since[w] = now  # it issues its next BRPOP right away
+        machine = self.machine[w]
+        if machine is not None:
+            machine.advance(now)
+            machine.runs[task] = [self.runtime[task] + self.overheads[w], w, 0]
+            self._reschedule(machine, now)
+            return
         self.seq += 1
         finish = now + self.runtime[task] + self.overheads[w]
         heapq.heappush(self.heap, (finish, self.seq, w, task))
 
 
 class Engine:
-    """Runs one simulation of ``published``/``runtime`` under ``route`` on ``workers``."""
+    """Runs one simulation of ``published``/``runtime`` under ``route`` on ``workers``;
+    ``cores``: the core count of each machine the workers name."""
 
-    def __init__(self, workers: Sequence[SimWorker], overhead_s: float = 0.0) -> None:
+    def __init__(self, workers: Sequence[SimWorker], overhead_s: float = 0.0,
+                 cores: Mapping[str, float] | None = None) -> None:
         if not workers:
             raise ValueError("at least one simulated worker is needed")
         self.workers = list(workers)
         self.overhead_s = max(0.0, overhead_s)
+        self.cores = dict(cores or {})
 
     def run(self, published: Sequence[float], runtime: Sequence[float], route: Router,
             on_complete: CompletionHook | None = None) -> Outcome:
         """Simulate every task to completion; ``published`` must be sorted."""
         state = _Run(self, published, runtime, route)
         heap, n = state.heap, len(published)
-        pop, arrive, finished = heapq.heappop, state.arrive, state.finished
+        pop, arrive, finished, stale = heapq.heappop, state.arrive, state.finished, state.stale
         started = state.out.started
         i = 0
         now = last = published[0] if n else 0.0
         while i < n or heap:
             if heap and (i >= n or heap[0][0] <= published[i]):
-                now, _, w, done = pop(heap)
+                now, seq, w, done = pop(heap)
                 if done < 0:
                     state.woken(w, now)
+                    continue
+                if stale(w, done, seq):
                     continue
                 if on_complete is not None:
                     on_complete(done, started[done], now)

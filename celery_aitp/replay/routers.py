@@ -84,6 +84,21 @@ def policy_workers(policy: Policy, slots: Mapping[str, int], default_queue: str,
     return workers
 
 
+def with_express(policy: Policy, workers: list[SimWorker], processes: int) -> list[SimWorker]:
+    """``workers``, each with an express worker of ``processes`` beside it on its machine
+    (its slots are the cores), reading its top-tier queues (``--aitp-express``)."""
+    if processes <= 0:
+        return workers
+    top = policy.tier_names[0]
+    found = []
+    for worker in workers:
+        worker.machine = worker.name
+        queues = [q for q in worker.queues if (parsed := parse_tier_queue(q)) and parsed[2] == top]
+        found += [worker, SimWorker(f"{worker.name}-express", worker.accelerator, queues,
+                                    processes, machine=worker.name)]
+    return found
+
+
 def fifo_workers(slots: Mapping[str, int]) -> list[SimWorker]:
     """Plain Celery: one FIFO queue per accelerator class (hand-written ``task_routes``)."""
     return [SimWorker(a, a, [fifo_queue(a)], n, "priority") for a, n in slots.items()]

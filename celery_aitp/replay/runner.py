@@ -34,6 +34,7 @@ from celery_aitp.replay.routers import (
     fifo_workers,
     policy_workers,
     recorded_declarations,
+    with_express,
 )
 from celery_aitp.replay.trace import Trace
 from celery_aitp.replay.trainer import SimTrainer, TrainerSettings
@@ -125,6 +126,9 @@ class ReplayConfig:
     #: workers keep the policy's reserve for their higher tiers, as AITP workers on Redis
     #: do (worker/reserve.py); False: every process reads every tier
     reserve: bool = True
+    #: processes of an express worker (``--aitp-express``) beside each class's worker in
+    #: the policies' runs, sharing its cores (its slots); their reserves then stand aside
+    express: int = 0
 
 
 def _observation(router: PipelineRouter, i: int, started: float) -> dict[str, Any]:
@@ -198,7 +202,8 @@ class Replay:
 
     def _simulate(self, workers: Sequence[SimWorker], router: Any,
                   feed: SourceFeed | None = None, clock: SimClock | None = None) -> Outcome:
-        engine = Engine(workers, self.config.overhead_s)
+        cores = {w.name: w.slots for w in workers if w.machine == w.name}
+        engine = Engine(workers, self.config.overhead_s, cores)
         hook = None
         if feed is not None and feed.active:
             clock = clock or SimClock()
@@ -221,12 +226,14 @@ class Replay:
         pipeline = test.build(clock)
         if oracle:
             pipeline = pipeline.replace("predict", OraclePredictStage())
-        workers = self._with_overheads(policy_workers(test.policy, cfg.slots, cfg.default_queue))
+        workers = self._with_overheads(
+            with_express(test.policy, policy_workers(test.policy, cfg.slots, cfg.default_queue),
+                         cfg.express))
         strategy, follows = consumption(test.policy, [q for w in workers for q in w.queues],
                                         cfg.strategy)
         for worker in workers:
             worker.strategy = strategy
-            if cfg.reserve and strategy == tier_cycle.STRATEGY:
+            if cfg.reserve and not cfg.express and strategy == tier_cycle.STRATEGY:
                 worker.reserve = kept_processes(test.policy, worker.queues, worker.slots)
         stores = test.stores or cfg.store_factory
         worker_side: list[WorkerSide] = [WorkerRuns(test.policy, clock)]
@@ -288,7 +295,7 @@ class Replay:
         short_of = dict(zip(counted, self._short, strict=True))
         done = [i for i in counted if not math.isnan(out.started[i])]
         tenants = [self.trace.records[i]["tenant"] or "(none)" for i in done]
-        return run_stats(name, [out.started[i] - published[i] for i in done],
+        return run_stats(name, [out.started[i] - published[i] + out.lost[i] for i in done],
                          [runtime[i] for i in done], [labels[i] for i in done], tenants,
                          sla, order, lost=sum(1 for i in out.stranded
                                              if start is None or published[i] >= start),

@@ -162,3 +162,37 @@ def test_a_wake_up_after_the_last_run_does_not_stretch_the_makespan():
               fixed(queues))
     assert out.started[4] == pytest.approx(1.3)
     assert out.makespan_s == pytest.approx(1.5)
+
+
+# --- workers sharing a machine's cores (an express worker beside a regular one) --------
+
+def test_runs_sharing_cores_slow_each_other_down_and_count_the_time_lost():
+    worker = SimWorker("w", "cpu", ["q"], slots=2, machine="m")
+    out = Engine([worker], cores={"m": 1}).run([0.0, 0.0], [1.0, 1.0],
+                                               fixed({0: "q", 1: "q"}))
+    assert out.started == [0.0, 0.0]
+    assert out.lost == pytest.approx([1.0, 1.0])  # each ran at half speed: ended at 2 s
+    assert out.makespan_s == pytest.approx(2.0)
+
+
+def test_an_express_slot_runs_a_short_task_while_every_regular_slot_is_long():
+    regular = SimWorker("w", "cpu", ["hi", "lo"], slots=4, machine="m")
+    express = SimWorker("x", "cpu", ["hi"], slots=1, machine="m")
+    queues = {0: "lo", 1: "lo", 2: "lo", 3: "lo", 4: "hi", 5: "lo"}
+    published = [0.0, 0.0, 0.0, 0.0, 0.5, 0.6]
+    runtime = [1.0, 1.0, 1.0, 1.0, 0.1, 1.0]
+    out = Engine([regular, express], cores={"m": 4}).run(published, runtime, fixed(queues))
+    assert out.started[4] == 0.5 and out.worker[4] == 1  # at once, on the express slot
+    # five runs on four cores for its 0.125 s: it and each long run lose 0.025 s
+    assert out.lost[4] == pytest.approx(0.025)
+    assert out.lost[:4] == pytest.approx([0.025] * 4)
+    assert out.started[5] == pytest.approx(1.025)  # the lo task waits for a regular slot
+    alone = Engine([SimWorker("w", "cpu", ["hi", "lo"], slots=4)]).run(
+        published, runtime, fixed(queues))
+    assert alone.started[4] == 1.0 and alone.lost == [0.0] * 6  # without: after a long run
+
+
+def test_a_machine_needs_its_core_count():
+    with pytest.raises(ValueError, match="machines without a core count: m"):
+        Engine([SimWorker("w", "cpu", ["q"], slots=1, machine="m")]).run(
+            [0.0], [1.0], fixed({0: "q"}))

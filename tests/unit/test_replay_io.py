@@ -121,6 +121,20 @@ def test_offline_replay_command(tmp_path):
     assert "40 runs" in result.output and report.read_text().startswith("<!doctype html>")
 
 
+def test_offline_replay_with_an_express_worker(tmp_path):
+    trace = write_trace(tmp_path / "trace.jsonl")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(TEST_POLICY))
+    report = tmp_path / "r.html"
+    result = CliRunner().invoke(main, ["replay", str(trace), "--policy", str(policy),
+                                       "--express", "1", "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    assert "express worker: 1 process(es) beside each class" in report.read_text()
+    bad = CliRunner().invoke(main, ["replay", str(trace), "--policy", str(policy),
+                                    "--express", "-1"])
+    assert bad.exit_code == 2 and "--express" in bad.output
+
+
 def test_a_warm_up_is_simulated_but_not_counted(tmp_path):
     trace = write_trace(tmp_path / "trace.jsonl")  # 40 runs, one every 0.1 s
     policy = tmp_path / "policy.yaml"

@@ -343,3 +343,22 @@ def test_a_replayed_worker_keeps_a_process_for_the_short_task():
     assert 1.0 < kept[4] < 2.0  # the third long task waited at most the longest wait
     shared = waits(replay(records, slots={"cpu": 3}, reserve=False), "p")
     assert shared[4] == 0.0 and shared[5] > 9.0
+
+
+def test_a_replayed_express_worker_runs_the_short_task_beside_the_long_ones():
+    # the same arrivals: with an express process on the same three cores, no process is
+    # kept (the third long task starts at once) and the short task starts at once too,
+    # the four runs sharing three cores while it runs
+    records = [rec("batch", "globex", 0.0, 1.0, tier="lo"),
+               rec("urgent", "acme", 1.0, 0.05),
+               *[rec("batch", "globex", 1.1, 10.0, tier="lo") for _ in range(3)],
+               rec("urgent", "acme", 1.5, 0.05)]
+    result = replay(records, slots={"cpu": 3}, express=1)
+    out = result.run("p").outcome
+    assert waits(result, "p")[4] == 0.0 and waits(result, "p")[5] == 0.0
+    assert out.worker[5] == 1  # the express worker (beside the class's worker 0)
+    assert out.lost[5] == pytest.approx(0.05 / 3)  # at 3/4 speed: a third longer
+    assert out.lost[2] == pytest.approx(0.05 / 3)  # and so was each long run meanwhile
+    (group,) = [g for g in result.run("p").stats.groups if g.kind == "all"]
+    assert group.wait_max_s == pytest.approx(0.05 / 3)  # time lost counts as waiting
+    assert result.run("fifo").outcome.lost == [0.0] * 6  # FIFO: no express worker
