@@ -108,10 +108,15 @@ def test_report_is_self_contained():
     assert "<script" not in page
 
 
-def test_offline_replay_command(tmp_path):
-    trace = write_trace(tmp_path / "trace.jsonl")
+def trace_and_policy(tmp_path: Path) -> tuple[Path, Path]:
+    """A trace of 40 runs and the test policy, as files."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(TEST_POLICY))
+    return write_trace(tmp_path / "trace.jsonl"), policy
+
+
+def test_offline_replay_command(tmp_path):
+    trace, policy = trace_and_policy(tmp_path)
     report = tmp_path / "r.html"
     result = CliRunner().invoke(main, ["replay", str(trace), "--policy", str(policy),
                                        "--vs", str(policy), "--report", str(report)])
@@ -122,9 +127,7 @@ def test_offline_replay_command(tmp_path):
 
 
 def test_offline_replay_with_an_express_worker(tmp_path):
-    trace = write_trace(tmp_path / "trace.jsonl")
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(TEST_POLICY))
+    trace, policy = trace_and_policy(tmp_path)
     report = tmp_path / "r.html"
     result = CliRunner().invoke(main, ["replay", str(trace), "--policy", str(policy),
                                        "--express", "1", "--report", str(report)])
@@ -136,9 +139,7 @@ def test_offline_replay_with_an_express_worker(tmp_path):
 
 
 def test_a_warm_up_is_simulated_but_not_counted(tmp_path):
-    trace = write_trace(tmp_path / "trace.jsonl")  # 40 runs, one every 0.1 s
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(TEST_POLICY))
+    trace, policy = trace_and_policy(tmp_path)  # 40 runs, one every 0.1 s
     result = CliRunner().invoke(main, ["replay", str(trace), "--policy", str(policy),
                                        "--count-from-s", "1.95", "--report",
                                        str(tmp_path / "r.html")])
@@ -155,9 +156,7 @@ def test_a_warm_up_is_simulated_but_not_counted(tmp_path):
     (["--count-from-s", "100"], "--count-from-s: must be >= 0 and within the trace (4s)"),
 ])
 def test_offline_replay_bad_options_name_the_problem(tmp_path, args, message):
-    trace = write_trace(tmp_path / "trace.jsonl")
-    policy = tmp_path / "p.yaml"
-    policy.write_text(yaml.safe_dump(TEST_POLICY))
+    trace, policy = trace_and_policy(tmp_path)
     result = CliRunner().invoke(main, ["replay", str(trace), "--policy", str(policy), *args])
     assert result.exit_code == 2 and message in result.output
 
