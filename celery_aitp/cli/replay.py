@@ -91,7 +91,7 @@ def report_meta(result: ReplayResult, source: str, config: ReplayConfig) -> list
     if config.express:
         meta.append(f"express worker: {config.express} process(es) beside each class's worker "
                     "in the policies' runs, sharing its slots as cores (time lost to sharing "
-                    "counts as waiting; no reserve)")
+                    "counts as waiting; the reserve stands aside)")
     if config.count_from is not None:
         skipped = sum(1 for p in trace.published if p < config.count_from)
         meta.append(f"warm-up: the first {config.count_from - trace.published[0]:.0f}s "

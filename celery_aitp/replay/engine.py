@@ -62,11 +62,13 @@ WAKE_AFTER_S = 1e-6
 @dataclass(frozen=True)
 class KeptProcesses:
     """A simulated worker's reserve: ``kept`` processes the ``lowest`` queues may not all
-    hold (``reserve`` in the policy)."""
+    hold (``reserve`` in the policy); ``express``: an express worker reads its top tier,
+    so it keeps none and only ages the lowest tier."""
 
     lowest: frozenset[str]
     kept: int
     max_wait_runs: float
+    express: bool = False
 
 
 class SimWorker:
@@ -201,6 +203,7 @@ class _Run:
                              f"of its {worker.slots} slots, not {plan.kept}")
         cycle.reserve = Reserve(plan.lowest, worker.slots, plan.kept, plan.max_wait_runs,
                                 requests=self.running[w].values, clock=lambda: self.now)
+        cycle.reserve.express_live = plan.express
         return cycle.reserve
 
     def _deque(self, queue: str, step: int) -> deque[int]:

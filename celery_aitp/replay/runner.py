@@ -127,7 +127,8 @@ class ReplayConfig:
     #: do (worker/reserve.py); False: every process reads every tier
     reserve: bool = True
     #: processes of an express worker (``--aitp-express``) beside each class's worker in
-    #: the policies' runs, sharing its cores (its slots); their reserves then stand aside
+    #: the policies' runs, sharing its cores (its slots); its reserve then stands aside
+    #: (keeps no process, still ages the lowest tier), as on real workers
     express: int = 0
 
 
@@ -167,13 +168,15 @@ def _promoted(router: PipelineRouter | None) -> int:
                if isinstance(part, SimTrainer))
 
 
-def kept_processes(policy: Policy, queues: Sequence[str], slots: int) -> KeptProcesses | None:
-    """The reserve a real AITP worker reading ``queues`` with ``slots`` processes keeps."""
+def kept_processes(policy: Policy, queues: Sequence[str], slots: int,
+                   express: bool = False) -> KeptProcesses | None:
+    """The reserve a real AITP worker reading ``queues`` with ``slots`` processes keeps
+    (``express``: beside an express worker, which makes it stand aside)."""
     lowest = reserve.reserved_queues(policy, queues, slots)
     if not lowest:
         return None
     return KeptProcesses(frozenset(lowest), policy.reserve.processes,
-                         policy.reserve.max_wait_runs)
+                         policy.reserve.max_wait_runs, express)
 
 
 def consumption(policy: Policy, queues: Sequence[str], requested: str) -> tuple[str, bool]:
@@ -233,8 +236,9 @@ class Replay:
                                         cfg.strategy)
         for worker in workers:
             worker.strategy = strategy
-            if cfg.reserve and not cfg.express and strategy == tier_cycle.STRATEGY:
-                worker.reserve = kept_processes(test.policy, worker.queues, worker.slots)
+            if cfg.reserve and strategy == tier_cycle.STRATEGY:
+                worker.reserve = kept_processes(test.policy, worker.queues, worker.slots,
+                                                express=cfg.express > 0)
         stores = test.stores or cfg.store_factory
         worker_side: list[WorkerSide] = [WorkerRuns(test.policy, clock)]
         if cfg.trainer is not None and test.kind == "policy" and not oracle:

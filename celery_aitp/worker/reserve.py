@@ -50,7 +50,7 @@ beside the long ones (one process more on the same cores: the operating system
 time-slices it in), which a kept process only approximates: while one is advertised
 (:func:`express_covers`) the reserve does not hold and this worker's long work may take
 every process (placement benchmark, bimodal: long tasks' longest wait 1.91x -> 0.92x
-FIFO's, short tasks' p95 0.08x -> 0.06x).
+FIFO's, short tasks' p95 0.08x -> 0.06x). The lowest tier's aging (below) goes on.
 
 On a simulated worker (4 processes, 85% load, exact sizes, strict tiers) a reserve of
 one cut the mean slowdown of a 10-50 ms / 0.5-1.5 s mix by 15-25% and the short tasks'
@@ -177,13 +177,9 @@ class Reserve:
         now = self.clock()
         with self._lock:
             running = self._track(now)
-            if self.express_live:
-                self.capped = self.watching = False
-                self._counts_as = None
-                return False
             wait = self.max_wait_s
             busy = wait < math.inf and now - self._higher_read_at <= wait
-            self.capped = busy and running >= self.limit
+            self.capped = busy and running >= self.limit and not self.express_live
             self.watching = self.capped or (busy and now - self._lowest_read_at >= wait / 2)
             oldest = self.oldest_wait_s
             held = self.capped and oldest < wait and self.waiting <= self.limit

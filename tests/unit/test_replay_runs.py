@@ -330,6 +330,8 @@ def test_policy_workers_keep_the_reserve_a_real_worker_keeps():
     assert kept_processes(POLICY, queues, 2) is None  # fewer than kept + 2 processes
     off = parse_policy({**TEST_POLICY, "reserve": {"processes": 0}})
     assert kept_processes(off, queues, 4) is None
+    beside = kept_processes(POLICY, queues, 4, express=True)
+    assert beside is not None and beside.express  # it stands aside, and still ages
 
 
 def test_a_replayed_worker_keeps_a_process_for_the_short_task():

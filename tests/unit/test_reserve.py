@@ -392,10 +392,22 @@ def test_while_an_express_worker_runs_short_tasks_the_reserve_keeps_no_process(s
     capped(reserve, held, clock, 1.0)
     assert reserve.holds()
     reserve.express_live = True
-    assert not reserve.holds() and not reserve.capped and not reserve.watching
+    assert not reserve.holds() and not reserve.capped
     assert counted(reserve) == {}  # nothing was kept, so nothing was let go
     reserve.express_live = False  # the express worker is gone: the process is kept again
     assert reserve.holds()
+
+
+def test_beside_an_express_worker_the_lowest_tier_still_ages(setup):
+    reserve, held, clock = setup
+    time_one_lowest_run(reserve, held, clock, 1.0)  # max wait 1.5 s
+    reserve.express_live = True
+    held.append(request(LO))
+    clock.now += 1.0
+    reserve.read(HI)  # higher tiers are read; the lowest tier was not for a while
+    assert not reserve.holds() and reserve.watching
+    reserve.sampled(1.6)  # its oldest task waited past the longest wait
+    assert not reserve.holds() and reserve.overdue()  # the next read offers it first
 
 
 EXPRESS = {"express": True, "heartbeat": 1000.0, "queues": ["aitp.acme.cpu.hi",
