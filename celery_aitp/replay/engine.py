@@ -179,12 +179,11 @@ class _Run:
         self.seq = 0
         self.now = 0.0
         self.running: list[dict[int, _Request]] = [{} for _ in self.workers]
-        machines = {w.machine: _Machine(cores) for w in self.workers
-                    if w.machine is not None
-                    for cores in [engine.cores.get(w.machine)] if cores is not None}
-        missing = {w.machine for w in self.workers if w.machine is not None} - set(machines)
+        names = {w.machine for w in self.workers if w.machine is not None}
+        missing = names - set(engine.cores)
         if missing:
             raise ValueError(f"machines without a core count: {', '.join(sorted(missing))}")
+        machines = {name: _Machine(engine.cores[name]) for name in names}
         self.machine: list[_Machine | None] = [
             None if w.machine is None else machines[w.machine] for w in self.workers]
         self.reserves = [self._reserve(w, worker) for w, worker in enumerate(self.workers)]
