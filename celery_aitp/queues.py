@@ -37,6 +37,11 @@ def is_tier_queue(name: str) -> bool:
     return parse_tier_queue(name) is not None
 
 
+def queues_of_tier(queues: Iterable[str], tier: str) -> list[str]:
+    """The tier queues among ``queues`` (lanes included) of ``tier``, in order."""
+    return [q for q in queues if (parsed := parse_tier_queue(q)) and parsed[2] == tier]
+
+
 def all_tier_queues(tenants: Any, accelerators: Any, tiers: Any) -> list[str]:
     """Every tier queue a policy can produce, highest tier first."""
     return [

@@ -19,7 +19,7 @@ from celery_aitp.core.view import View
 from celery_aitp.numbers import finite_number
 from celery_aitp.policy import Policy, Stage
 from celery_aitp.publish.pipeline import Pipeline
-from celery_aitp.queues import parse_tier_queue, served_queues
+from celery_aitp.queues import parse_tier_queue, queues_of_tier, served_queues
 from celery_aitp.replay.engine import SimWorker
 from celery_aitp.replay.feed import SourceFeed
 from celery_aitp.replay.trace import Trace
@@ -89,11 +89,10 @@ def with_express(policy: Policy, workers: list[SimWorker], processes: int) -> li
     (its slots are the cores), reading its top-tier queues (``--aitp-express``)."""
     if processes <= 0:
         return workers
-    top = policy.tier_names[0]
     found = []
     for worker in workers:
         worker.machine = worker.name
-        queues = [q for q in worker.queues if (parsed := parse_tier_queue(q)) and parsed[2] == top]
+        queues = queues_of_tier(worker.queues, policy.tier_names[0])
         found += [worker, SimWorker(f"{worker.name}-express", worker.accelerator, queues,
                                     processes, machine=worker.name)]
     return found

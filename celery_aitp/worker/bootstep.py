@@ -22,7 +22,7 @@ from celery_aitp.deployment import store_url_for
 from celery_aitp.errors import PolicyError, StoreError
 from celery_aitp.layout import physical_groups
 from celery_aitp.policy import Policy
-from celery_aitp.queues import parse_tier_queue, served_queues
+from celery_aitp.queues import queues_of_tier, served_queues
 from celery_aitp.redact import redact
 from celery_aitp.scheduling.feedback import FeedbackPass
 from celery_aitp.worker import acks, aging, reserve, tier_cycle
@@ -336,9 +336,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         kept = self._reserve
         if kept is None:
             return
-        top = self.middleware.policy.tier_names[0]
-        queues = [q for q in self.plan.queue_names()
-                  if (parsed := parse_tier_queue(q)) and parsed[2] == top]
+        queues = queues_of_tier(self.plan.queue_names(), self.middleware.policy.tier_names[0])
         live = reserve.express_covers(self.middleware.store.workers(), queues, time.time(),
                                       self.middleware.settings.worker_ttl_s)
         if live != kept.express_live:
