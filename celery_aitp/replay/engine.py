@@ -124,15 +124,26 @@ class _Request:
         self.delivery_info = {"routing_key": queue}
 
 
+class _SharedRun:
+    """A run on a machine's shared cores: its work left, its worker, and the sequence
+    number of its current end event (earlier ones are stale)."""
+
+    __slots__ = ("left", "worker", "seq")
+
+    def __init__(self, left: float, worker: int) -> None:
+        self.left = left
+        self.worker = worker
+        self.seq = 0
+
+
 class _Machine:
-    """Cores shared by the runs of several workers: each run's work left, its worker and
-    the sequence number of its current end event (earlier ones are stale)."""
+    """Cores shared by the runs of several workers."""
 
     __slots__ = ("cores", "runs", "since")
 
     def __init__(self, cores: float) -> None:
         self.cores = cores
-        self.runs: dict[int, list[float]] = {}  # task -> [work left, worker, event seq]
+        self.runs: dict[int, _SharedRun] = {}  # by task
         self.since = 0.0  # when the work left was last brought up to date
 
     def rate(self) -> float:
@@ -142,7 +153,7 @@ class _Machine:
         """Take the work done since the last change off every run."""
         done = (now - self.since) * self.rate()
         for run in self.runs.values():
-            run[0] -= done
+            run.left -= done
         self.since = now
 
 
@@ -301,15 +312,15 @@ class _Run:
         if machine is None:
             return False
         run = machine.runs.get(task)
-        return run is None or run[2] != seq  # ended already, or its end moved
+        return run is None or run.seq != seq  # ended already, or its end moved
 
     def _reschedule(self, machine: _Machine, now: float) -> None:
         """New end events for every run of a machine whose load just changed."""
         rate = machine.rate()
         for task, run in machine.runs.items():
             self.seq += 1
-            run[2] = self.seq
-            heapq.heappush(self.heap, (now + max(0.0, run[0]) / rate, self.seq, int(run[1]),
+            run.seq = self.seq
+            heapq.heappush(self.heap, (now + max(0.0, run.left) / rate, self.seq, run.worker,
                                        task))
 
     def finished(self, w: int, task: int, now: float) -> None:
@@ -363,7 +374,7 @@ class _Run:
         machine = self.machine[w]
         if machine is not None:
             machine.advance(now)
-            machine.runs[task] = [self.runtime[task] + self.overheads[w], w, 0]
+            machine.runs[task] = _SharedRun(self.runtime[task] + self.overheads[w], w)
             self._reschedule(machine, now)
             return
         self.seq += 1
