@@ -110,7 +110,9 @@ def tier_story(steps: Mapping[str, Any] | None, tier: str | None) -> str:
         parts = [f"effective size {_seconds(size)}; no boundaries yet -> {steps.get('size')}"]
     else:
         edges = ", ".join(_seconds(b) for b in bounds)
-        parts = [f"effective size {_seconds(size)} (boundaries {edges}) -> {steps.get('size')}"]
+        of = f" of {steps['bounds_of']}" if steps.get("bounds_of") else ""
+        parts = [f"effective size {_seconds(size)} (boundaries {edges}{of}) -> "
+                 f"{steps.get('size')}"]
     if isinstance(steps.get("boost"), (int, float)) and steps["boost"] > 1:
         parts.append(f"boosted x{steps['boost']:g} for missed SLAs")
     if steps.get("floor"):

@@ -19,7 +19,9 @@ which for a log-normal runtime is the median squared, however wide the spread (S
 rule with random sizes). Ranked by the p90, a task with a wide prediction counted as a
 long one and waited behind longer work (public logs: docs/placement.md). A task with no
 prediction at all, or on an accelerator class with too few recent sizes to draw
-boundaries from, takes the lowest tier (or its floor), as before anything is known.
+boundaries from (a model's and the cold start's each have their own; either stands in
+for the other until it has some), takes the lowest tier (or its floor), as before
+anything is known.
 
 What does not change between publishes of the same task by the same tenant (tenant,
 SLA, declared labels, resources, urgency) is computed once and cached.
@@ -214,7 +216,7 @@ class PriorityStage:
         boost = view.sources.get(BOOSTS_SOURCE, _NO_BOOSTS).of(decision.tenant)
         effective = None if size is None else size / (self.urgency_range ** urgency * boost)
         classes = view.sources.get(SIZES_SOURCE, _NO_CLASSES)
-        sizes_of = size_family(decision)
+        sizes_of = bounds_family(classes, size_family(decision))
         by_size = classes.rank(sizes_of, effective, self.lowest)
         demoted = self._demoted(decision.tenant, view)
         rank = by_size
@@ -229,7 +231,7 @@ class PriorityStage:
         decision.tier = names[rank]
         decision.tier_steps = {
             "size": names[by_size], "effective_size_s": effective,
-            "bounds_s": classes.as_dict().get(sizes_of),
+            "bounds_s": classes.as_dict().get(sizes_of), "bounds_of": sizes_of,
             "floor": names[static.floor] if static.floor is not None else None,
             "cap": names[static.cap], "fair_share": demoted, "boost": boost}
         decision.score = urgency
@@ -296,6 +298,26 @@ def size_family(decision: Decision) -> str:
     if decision.prediction_source in HISTORY_SOURCES:
         return decision.accelerator + HISTORY_FAMILY
     return decision.accelerator
+
+
+def bounds_family(classes: SizeClasses, family: str) -> str:
+    """The histogram whose boundaries rank a size of ``family``: its own, or, while it
+    has none, the other kind of size's on the same accelerator class.
+
+    Without a stand-in, every task of a newly promoted model took the lowest tier until
+    the model's own histogram held ``placement.min_samples`` sizes and the producer had
+    read it back (placement benchmark, pareto: 33 of the run's first 101 tasks, short
+    ones too, waited there behind the long work, up to 3.3x FIFO's longest wait). Ranked
+    among cold-start bounds (the longest recent runs), a model's sizes land a tier too
+    high at worst, for those few seconds; a cold-start bound ranked among a model's
+    medians lands lower, never ahead of the short work."""
+    if family in classes.bounds:
+        return family
+    if family.endswith(HISTORY_FAMILY):
+        other = family[:-len(HISTORY_FAMILY)]
+    else:
+        other = family + HISTORY_FAMILY
+    return other if other in classes.bounds else family
 
 
 def quantile_power(quantile: float) -> float:

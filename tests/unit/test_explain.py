@@ -90,6 +90,8 @@ def test_tier_story_reads_like_the_steps():
     assert tier_story(steps, "lo") == (
         "effective size 2.5 s (boundaries 0.0625 s, 1.41 s) -> lo; declared floor mid; "
         "tenant cap hi; above fair share: one tier lower => lo")
+    assert tier_story(dict(steps, bounds_of="cpu~history"), "lo").startswith(
+        "effective size 2.5 s (boundaries 0.0625 s, 1.41 s of cpu~history) -> lo;")
     assert tier_story(dict(steps, bounds_s=None), "lo").startswith(
         "effective size 2.5 s; no boundaries yet -> lo;")
     assert tier_story(dict(steps, effective_size_s=None), "lo").startswith(

@@ -69,7 +69,8 @@ def test_urgency_is_the_weighted_mean_of_the_factors_and_is_explained():
     assert d.score == pytest.approx(expected)
     effective = 2.0 / POLICY.placement.urgency_range ** expected  # no model: the p90 field
     assert d.tier_steps == {"size": "lo", "effective_size_s": pytest.approx(effective),
-                            "bounds_s": None, "floor": "mid", "cap": "hi",
+                            "bounds_s": None, "bounds_of": "cpu", "floor": "mid",
+                            "cap": "hi",
                             "fair_share": False, "boost": 1.0}
     assert d.tier == "mid"  # no boundaries yet: lowest by size, raised to the floor
 
@@ -118,14 +119,12 @@ def test_cold_start_sizes_have_their_own_histogram_and_boundaries():
     assert [c.item[0] for c in stage.charges_of(model)][1:] == ["cpu"]
     cold, stage = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=CLASSES),
                          source="history")
-    assert cold.tier == "lo"  # no cold-start boundaries yet
     assert [c.item[0] for c in stage.charges_of(cold)][1:] == ["cpu~history"]
     by_magnitude, stage = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=CLASSES),
                                  source="size_history")  # a magnitude class's bound
     assert [c.item[0] for c in stage.charges_of(by_magnitude)][1:] == ["cpu~history"]
     by_call, stage = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=CLASSES),
                             source="call_history")  # a repeated call's own runs
-    assert by_call.tier == "lo"  # ranked with the cold start's sizes, not the model's
     assert [c.item[0] for c in stage.charges_of(by_call)][1:] == ["cpu~history"]
     both = SizeClasses({"cpu": CLASSES.cuts["cpu"],
                         "cpu~history": (size_bin(0.01), size_bin(0.05))})
@@ -133,6 +132,28 @@ def test_cold_start_sizes_have_their_own_histogram_and_boundaries():
                      source="task_history")
     assert cold.tier == "lo" and cold.tier_steps["bounds_s"] == pytest.approx(
         list(both.bounds["cpu~history"]))
+    assert cold.tier_steps["bounds_of"] == "cpu~history"
+
+
+def test_either_kind_of_size_stands_in_for_the_other_until_it_has_boundaries():
+    """A newly promoted model's first sizes are ranked by the cold start's boundaries
+    (not all sent to the lowest tier, behind the long work), and a cold-start size by
+    the model's; each is still counted in its own histogram, and own boundaries win."""
+    history_only = SizeClasses({"cpu~history": CLASSES.cuts["cpu"]})
+    short, stage = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=history_only),
+                          source="model")
+    long, _ = decide(req(), p50=100.0, p90=100.0, snapshot=view(classes=history_only),
+                     source="model")
+    assert (short.tier, long.tier) == ("hi", "lo")
+    assert short.tier_steps["bounds_of"] == "cpu~history"
+    assert [c.item[0] for c in stage.charges_of(short)][1:] == ["cpu"]
+    model_only = view(classes=CLASSES)
+    cold, stage = decide(req(), p50=0.05, p90=0.1, snapshot=model_only, source="history")
+    assert cold.tier == "hi" and cold.tier_steps["bounds_of"] == "cpu"
+    assert [c.item[0] for c in stage.charges_of(cold)][1:] == ["cpu~history"]
+    both = SizeClasses({"cpu": CLASSES.cuts["cpu"], "cpu~history": (size_bin(0.01),)})
+    own, _ = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=both), source="history")
+    assert own.tier == "mid" and own.tier_steps["bounds_of"] == "cpu~history"
 
 
 def test_urgency_shortens_the_effective_size():
