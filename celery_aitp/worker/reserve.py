@@ -79,7 +79,9 @@ logger = logging.getLogger(__name__)
 #: Seconds between two samples of the lowest tier's oldest wait (and the broker poll
 #: interval of a worker with the reserve on).
 SAMPLE_S = 0.25
-#: Weight of the latest run in the mean lowest-tier runtime (an exponential average).
+#: Weight of the latest run in the mean lowest-tier runtime (an exponential average; the
+#: first ``1 / RUNTIME_WEIGHT`` runs weigh alike, so one long first run does not set the
+#: starvation bound for the next twenty).
 RUNTIME_WEIGHT = 0.1
 
 
@@ -146,6 +148,7 @@ class Reserve:
         self.clock = clock
         self.counters = counters
         self.mean_runtime_s: float | None = None  # of this worker's lowest-tier runs
+        self._runs_timed = 0
         self.oldest_wait_s = 0.0  # sampled from the broker while capped
         self.waiting = 0  # the lowest tier's waiting tasks, sampled likewise
         #: Whether the lowest tier holds its share of processes (and higher tiers are in
@@ -251,9 +254,10 @@ class Reserve:
         return sum(1 for at, lowest in started.values() if lowest or now - at >= long_after)
 
     def _observe(self, runtime_s: float) -> None:
-        mean = self.mean_runtime_s
-        self.mean_runtime_s = runtime_s if mean is None else \
-            mean + RUNTIME_WEIGHT * (runtime_s - mean)
+        self._runs_timed += 1
+        mean = self.mean_runtime_s or 0.0
+        weight = max(RUNTIME_WEIGHT, 1.0 / self._runs_timed)
+        self.mean_runtime_s = mean + weight * (runtime_s - mean)
 
 
 class ReserveSampler(BrokerQueuePass):

@@ -283,6 +283,17 @@ def test_the_mean_lowest_tier_run_follows_recent_runs(setup):
     assert reserve.mean_runtime_s == pytest.approx(0.2, abs=0.01)
 
 
+def test_the_first_lowest_tier_runs_weigh_alike(setup):
+    """One long first run does not set the starvation bound for the next twenty (placement
+    benchmark, pareto: a worker's first lowest-tier run of 1.8 s, then runs of 0.5 s)."""
+    reserve, held, clock = setup
+    time_one_lowest_run(reserve, held, clock, 1.8)
+    assert reserve.max_wait_s == pytest.approx(1.5 * 1.8)
+    time_one_lowest_run(reserve, held, clock, 0.6)
+    time_one_lowest_run(reserve, held, clock, 0.6)
+    assert reserve.mean_runtime_s == pytest.approx(1.0)  # an exponential average: 1.6
+
+
 def test_a_run_is_timed_from_celerys_start_time_when_the_request_has_one(setup):
     reserve, held, clock = setup
     run = SimpleNamespace(delivery_info={"routing_key": LO}, time_start=time.time() - 0.5)
