@@ -16,8 +16,9 @@ It holds only while it can pay off, and never for long:
 
 * only while a higher tier was read within the last ``max_wait_runs`` mean lowest-tier
   runs: a worker whose tasks all land in the lowest tier (cold start, no size classes
-  yet) reads its queues as before, and until this worker has timed a lowest-tier run
-  the reserve does not hold at all;
+  yet) reads its queues as before; until this worker has timed a lowest-tier run the
+  fleet's mean one (the ``usage`` source) counts instead, and with neither the reserve
+  does not hold at all;
 * a lowest-tier task that has waited ``max_wait_runs`` mean lowest-tier runs (the oldest
   one in its queues, sampled every :data:`SAMPLE_S` while the lowest tier is capped) may
   take a kept process, and so may any while more of them wait than the tier may run at
@@ -149,6 +150,10 @@ class Reserve:
         self.counters = counters
         self.mean_runtime_s: float | None = None  # of this worker's lowest-tier runs
         self._runs_timed = 0
+        #: The fleet's mean run of this worker's lowest tier (the ``usage`` source, set by
+        #: :func:`~celery_aitp.worker.tier_cycle.follow_usage`), counted in until this
+        #: worker has timed a run of its own.
+        self.fleet_runtime_s: float | None = None
         self.oldest_wait_s = 0.0  # sampled from the broker while capped
         self.waiting = 0  # the lowest tier's waiting tasks, sampled likewise
         #: Whether the lowest tier holds its share of processes (and higher tiers are in
@@ -169,9 +174,29 @@ class Reserve:
         self._lock = threading.Lock()
 
     @property
+    def runtime_s(self) -> float | None:
+        """The mean lowest-tier run the bound counts in: this worker's, else the fleet's.
+
+        A new worker has timed none, and without the fleet's it neither kept a process
+        nor aged the lowest tier until its first long run ended and then bounded the
+        wait by that one run (placement benchmark, pareto, each run on new workers: the
+        long tasks' longest waits, up to 2.2x-4.1x FIFO's, in the first 10 s)."""
+        mean = self.mean_runtime_s
+        return self.fleet_runtime_s if mean is None else mean
+
+    def follow_fleet(self, tier_runtime: Mapping[str, float],
+                     tier_of: Mapping[str, str]) -> None:
+        """Take the fleet's mean lowest-tier run from the ``usage`` source's
+        ``tier_runtime`` (``<accelerator>.<tier>`` -> seconds); ``tier_of`` maps a queue
+        to that key. Of several accelerator classes, the longest mean counts."""
+        means = [tier_runtime[key] for key in (tier_of.get(q) for q in self.lowest)
+                 if key is not None and tier_runtime.get(key, 0.0) > 0.0]
+        self.fleet_runtime_s = max(means) if means else None
+
+    @property
     def max_wait_s(self) -> float:
         """How long the reserve may keep a lowest-tier task waiting (inf: not yet known)."""
-        mean = self.mean_runtime_s
+        mean = self.runtime_s
         return math.inf if mean is None else self.max_wait_runs * mean
 
     def holds(self) -> bool:
@@ -249,7 +274,7 @@ class Reserve:
                 began = getattr(request, "time_start", None)
                 at = now - max(0.0, time.time() - began) if isinstance(began, float) else now
                 started[key] = (at, _queue_of(request) in self.lowest)
-        mean = self.mean_runtime_s
+        mean = self.runtime_s
         long_after = math.inf if mean is None else mean
         return sum(1 for at, lowest in started.values() if lowest or now - at >= long_after)
 

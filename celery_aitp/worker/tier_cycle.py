@@ -239,6 +239,8 @@ def follow_usage(view: Any) -> None:
         _charges = {queue: charges[key] for queue, key in _plan.charge_keys.items()
                     if key in charges}
         _usage_followed = usage
+        if _reserve is not None:  # a new worker's starvation bound: worker/reserve.py
+            _reserve.follow_fleet(tier_runtime, _plan.charge_keys)
 
 
 def charge_of(queue: str) -> float:

@@ -294,6 +294,28 @@ def test_the_first_lowest_tier_runs_weigh_alike(setup):
     assert reserve.mean_runtime_s == pytest.approx(1.0)  # an exponential average: 1.6
 
 
+def test_a_new_worker_bounds_the_wait_by_the_fleets_mean_run_until_it_timed_its_own(setup):
+    """A new worker has timed no lowest-tier run: the fleet's mean (the usage source's
+    ``tier_runtime``) counts until it has, so it keeps a process and ages the lowest
+    tier from its first read; its own runs then replace it."""
+    reserve, held, clock = setup
+    held.extend(request(LO) for _ in range(3))
+    reserve.read(HI)
+    assert reserve.max_wait_s == math.inf and not reserve.holds()  # nothing known
+    reserve.follow_fleet({"cpu.lo": 2.0, "cpu.hi": 0.1, "gpu.lo": 9.0},
+                         {LO: "cpu.lo", HI: "cpu.hi"})
+    assert reserve.max_wait_s == pytest.approx(1.5 * 2.0)
+    assert reserve.holds()  # three long runs: the fourth process is kept at once
+    reserve.sampled(3.1, 1)
+    assert not reserve.holds()  # the fleet's bound lets the oldest one go
+    clock.now += 0.4
+    held.clear()
+    reserve.holds()
+    assert reserve.max_wait_s == pytest.approx(1.5 * 0.4)  # its own runs win
+    reserve.follow_fleet({}, {LO: "cpu.lo"})
+    assert reserve.fleet_runtime_s is None and reserve.max_wait_s == pytest.approx(0.6)
+
+
 def test_a_run_is_timed_from_celerys_start_time_when_the_request_has_one(setup):
     reserve, held, clock = setup
     run = SimpleNamespace(delivery_info={"routing_key": LO}, time_start=time.time() - 0.5)

@@ -12,6 +12,7 @@ from kombu.utils.scheduling import cycle_by_name
 from celery_aitp.policy import parse_policy
 from celery_aitp.scheduling.usage import MAX_CHARGE
 from celery_aitp.worker import tier_cycle
+from celery_aitp.worker.reserve import Reserve
 from celery_aitp.worker.tier_cycle import (
     STRATEGY,
     WeightedTierCycle,
@@ -227,6 +228,18 @@ def test_the_bound_of_a_tier_split_over_tenants_holds_and_is_near_what_happens()
 def _follow(tier_runtime, demoted=frozenset()):
     usage = type("U", (), {"demoted": demoted, "tier_runtime": tier_runtime})()
     tier_cycle.follow_usage(type("V", (), {"sources": {"usage": usage}})())
+
+
+def test_the_usage_source_gives_the_reserve_the_fleets_mean_lowest_tier_run():
+    policy = parse_policy({})
+    tier_cycle.configure(tier_cycle.WeightPlan(policy, Q))
+    kept = Reserve([Q[-1]], processes=4, kept=1, max_wait_runs=1.5)
+    tier_cycle.set_reserve(kept)
+    try:
+        _follow({"cpu.hi": 0.5, "cpu.lo": 3.0, "gpu.lo": 9.0})
+        assert kept.fleet_runtime_s == 3.0  # its own lowest tier's, not gpu's
+    finally:
+        tier_cycle.set_reserve(None)
 
 
 def test_reads_are_charged_by_their_tiers_mean_run_so_weights_share_time():
