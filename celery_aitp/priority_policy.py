@@ -150,7 +150,8 @@ class ReserveSettings(_Section):
     max_wait_runs: float = Field(
         default=1.5, gt=0, le=1000,
         description="A lowest-tier task that has waited this many mean lowest-tier runs "
-                    "(as the worker timed them) may take a kept process and is read "
+                    "(as the worker timed them; the fleet's until it has) may take a kept "
+                    "process and is read "
                     "before the higher tiers: the reserve's starvation bound.")
 
 
