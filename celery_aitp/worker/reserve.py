@@ -188,9 +188,12 @@ class Reserve:
                      tier_of: Mapping[str, str]) -> None:
         """Take the fleet's mean lowest-tier run from the ``usage`` source's
         ``tier_runtime`` (``<accelerator>.<tier>`` -> seconds); ``tier_of`` maps a queue
-        to that key. Of several accelerator classes, the longest mean counts."""
-        means = [tier_runtime[key] for key in (tier_of.get(q) for q in self.lowest)
-                 if key is not None and tier_runtime.get(key, 0.0) > 0.0]
+        to that key. Of several accelerator classes, the longest mean counts; a mean
+        that is not a positive finite number is ignored (anyone who can write the store
+        can write the hash, and an infinite one would switch the aging off)."""
+        means = [mean for mean in (tier_runtime.get(key, 0.0) for key in
+                                   (tier_of.get(q) for q in self.lowest) if key is not None)
+                 if 0.0 < mean < math.inf]
         self.fleet_runtime_s = max(means) if means else None
 
     @property

@@ -314,6 +314,9 @@ def test_a_new_worker_bounds_the_wait_by_the_fleets_mean_run_until_it_timed_its_
     assert reserve.max_wait_s == pytest.approx(1.5 * 0.4)  # its own runs win
     reserve.follow_fleet({}, {LO: "cpu.lo"})
     assert reserve.fleet_runtime_s is None and reserve.max_wait_s == pytest.approx(0.6)
+    for bad in (math.inf, math.nan, -1.0, 0.0):  # written by anyone who can write the store
+        reserve.follow_fleet({"cpu.lo": bad}, {LO: "cpu.lo"})
+        assert reserve.fleet_runtime_s is None, bad
 
 
 def test_a_run_is_timed_from_celerys_start_time_when_the_request_has_one(setup):
