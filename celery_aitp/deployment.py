@@ -156,7 +156,22 @@ class Deployment:
 
     def _follow_active_policy(self, view: View) -> None:
         """After each refresh: adopt the policy applied to the fleet if it is not ours."""
-        digest = view.sources.get(ACTIVE_POLICY_SOURCE)
+        self._adopt_active(view.sources.get(ACTIVE_POLICY_SOURCE))
+
+    def adopt_active_policy(self) -> None:
+        """Adopt the policy applied to the fleet now, not on the first refresher round: a
+        worker plans its queues (and checks ``--aitp-tenant``) from its policy when it
+        starts, so one restarted after ``policy apply`` with an older file planned from
+        that file and never served a tenant class the applied policy added. An
+        unreachable store, or none configured, leaves the start-up policy (the refresher
+        follows the active one later, as in any other process)."""
+        try:
+            digest = ActivePolicySource().fetch(self.store, None)
+        except (StoreError, PolicyError):  # PolicyError: no store URL (said at start)
+            return
+        self._adopt_active(digest)
+
+    def _adopt_active(self, digest: str | None) -> None:
         if digest is None or digest in (self.policy_digest, self._refused_policy):
             return
         try:

@@ -164,6 +164,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         super().__init__(worker, **kwargs)
         app = worker.app
         self.middleware = app.aitp
+        self.middleware.adopt_active_policy()  # a restart plans from the applied policy
         policy = self.middleware.policy  # raises PolicyError: the worker refuses to start
         self.plan = WorkerPlan(policy, aitp_tenant, aitp_accelerator, aitp_tiers,
                                aitp_no_default_queue, aitp_express)

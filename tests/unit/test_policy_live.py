@@ -165,3 +165,22 @@ def test_swapped_stages_survive_a_policy_change(app, store):
     assert app.aitp.policy_digest == policy_digest(parse_policy(GLOBEX_HI))
     app.tasks["tests.unit.conftest.plain"].delay(1)
     assert Marker.calls >= 1
+
+
+def test_a_worker_restarted_after_an_apply_plans_its_queues_from_the_applied_policy(
+        app, store, monkeypatch):
+    from types import SimpleNamespace
+
+    from celery_aitp.worker.bootstep import AitpWorkerStep
+
+    # the unit store is given directly, not by URL
+    monkeypatch.setattr(AitpWorkerStep, "_check_store", lambda self, app: True)
+
+    with_newco = {**TEST_POLICY, "tenants": {**TEST_POLICY["tenants"], "newco": {}}}
+    apply_policy(store, parse_policy(with_newco), app.aitp.policy, source="test", reason="r")
+    worker = SimpleNamespace(app=app, hostname="w@test", concurrency=2, consumer=None)
+    # started with the older policy, which has no newco: refused (and '*' left newco's
+    # queues unread) before the worker read the applied policy at start
+    step = AitpWorkerStep(worker, aitp_tenant=("newco",))
+    assert app.aitp.policy_digest == policy_digest(parse_policy(with_newco))
+    assert {"aitp.newco.cpu.hi", "aitp.newco.cpu.lo"} <= set(step.plan.queue_names())
