@@ -20,7 +20,7 @@ def command(ctx: click.Context, everything: bool, queues: tuple[str, ...]) -> No
     janitor = Janitor(middleware_of(ctx))
     try:
         if queues or everything:
-            moved = janitor.evacuate(queues or janitor.known_queues() + janitor.former_queues())
+            moved = janitor.evacuate(queues or janitor.every_queue())
         else:
             moved = janitor.sweep()
     except AitpError as exc:

@@ -20,14 +20,19 @@ from collections.abc import Iterable
 from typing import Any
 
 from celery_aitp.core.view import stage_from_doc
-from celery_aitp.errors import AdapterError, StoreError
+from celery_aitp.errors import AdapterError, PolicyError, StoreError
 from celery_aitp.layout import physical_groups
-from celery_aitp.policy import Stage
+from celery_aitp.policy import Stage, parse_policy
+from celery_aitp.policy_history import policy_history
 from celery_aitp.queues import all_tier_queues, policy_queues
 from celery_aitp.redact import redact
 from celery_aitp.registry import QUEUE_OPS, resolve
+from celery_aitp.store.redis_store import translated_errors
 
 logger = logging.getLogger(__name__)
+
+#: Recent policy versions whose tier queues the janitor keeps draining after a change.
+RETIRED_VERSIONS = 50
 
 
 def queue_ops_for(app: Any) -> Any:
@@ -70,6 +75,12 @@ class Janitor(BrokerQueuePass):
     FORMER_PER_PASS = 1000
     _former_next: int | None = 0  # the next former queue to look at (None: all done)
 
+    def __init__(self, middleware: Any, ops: Any = None) -> None:
+        super().__init__(middleware, ops)
+        self._version_queues: dict[str, list[str]] = {}  # tier queues per policy digest
+        self._history_head: Any = None  # the policy history's newest entry, as last read
+        self._recorded: list[str] | None = None  # the recent versions' tier queues
+
     def known_queues(self) -> list[str]:
         """Every logical tier queue the policy can produce, the classes' over-share
         lanes included."""
@@ -83,6 +94,47 @@ class Janitor(BrokerQueuePass):
         policy = self.middleware.policy
         classed = [t for t, spec in policy.tenants.items() if spec.tenant_class is not None]
         return all_tier_queues(classed, policy.accelerators, policy.tier_names)
+
+    def retired_queues(self) -> list[str]:
+        """Tier queues a recent recorded policy produced and this one does not: a tenant,
+        class, tier or accelerator taken out (by ``policy apply`` or a restart with a new
+        file). Nothing routes there or reads them any more, yet messages published before
+        the change wait there, and runs under way come back there; they are looked at
+        every pass, as the policy's own queues are (a worker still on the old policy
+        keeps its queues live)."""
+        current = set(self.known_queues())
+        return [queue for queue in self._recorded_queues() if queue not in current]
+
+    def _recorded_queues(self) -> list[str]:
+        """The tier queues of the recent recorded versions, read again only when a version
+        was recorded since (the history's newest entry changed: one ``LINDEX`` a pass)."""
+        store = self.middleware.store
+        with translated_errors():
+            head = store.client.lindex(store.keys.policy_history, 0)
+        if head != self._history_head or self._recorded is None:
+            found: dict[str, None] = {}
+            for entry in policy_history(store, RETIRED_VERSIONS):
+                found.update(dict.fromkeys(self._queues_of_version(entry)))
+            self._history_head, self._recorded = head, list(found)
+        return self._recorded
+
+    def _queues_of_version(self, entry: dict[str, Any]) -> list[str]:
+        """The tier queues of one policy history entry (parsed once per version; one
+        that does not parse here, e.g. written by a newer version, gives none)."""
+        digest = str(entry.get("digest"))
+        cache = self._version_queues
+        if digest not in cache:
+            document = entry.get("policy")
+            try:
+                if not isinstance(document, dict):
+                    raise PolicyError("no policy document")
+                policy = parse_policy(document)
+            except (PolicyError, TypeError, ValueError):
+                cache[digest] = []
+            else:
+                cache[digest] = policy_queues(policy.queue_owners(), policy.tenant_classes,
+                                              policy.accelerators, policy.tier_names)
+        return cache[digest]
 
     def evacuate(self, queues: Iterable[str]) -> dict[str, int]:
         """Drain the broker queues holding ``queues`` (logical tier queue or broker queue
@@ -101,9 +153,10 @@ class Janitor(BrokerQueuePass):
                            total, default, moved)
         return moved
 
-    def orphaned(self, live: frozenset[str]) -> list[str]:
-        """Broker queues of the policy none of whose tier queues a live worker serves."""
-        groups = physical_groups(self.middleware.layout, self.known_queues())
+    def orphaned(self, live: frozenset[str], retired: Iterable[str] = ()) -> list[str]:
+        """Broker queues of the policy (and ``retired`` ones) none of whose tier queues a
+        live worker serves."""
+        groups = physical_groups(self.middleware.layout, [*self.known_queues(), *retired])
         return [queue for queue, logical in groups.items()
                 if not any(name in live for name in logical)]
 
@@ -117,9 +170,15 @@ class Janitor(BrokerQueuePass):
         store = self.middleware.store
         stage, _ = stage_from_doc(store.read_stage(), self.middleware.policy)
         former = self._former_batch()
+        retired = self.retired_queues()
         if stage is Stage.COEXISTENCE:
-            return self.evacuate(self.known_queues() + former)
-        return self.evacuate(self.orphaned(store.live_queues()) + former)
+            return self.evacuate(self.known_queues() + retired + former)
+        return self.evacuate(self.orphaned(store.live_queues(), retired) + former)
+
+    def every_queue(self) -> list[str]:
+        """Every tier queue a message may wait in: the policy's, the classed tenants'
+        former ones and the retired ones (``celery aitp evacuate --all``)."""
+        return self.known_queues() + self.former_queues() + self.retired_queues()
 
     def _former_batch(self) -> list[str]:
         """The next former queues to look at, until each has been once."""

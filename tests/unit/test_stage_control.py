@@ -179,3 +179,30 @@ def test_a_rollback_from_the_dashboard_drains_the_tier_queues(app, fast, ops):
     assert response.status_code == 200, response.text
     assert response.json()["moved"] == {"aitp.acme.cpu.hi": 5, "aitp.globex.gpu.mid": 3}
     assert not any(ops.queues[q] for q in ops.queues if q.startswith("aitp."))
+
+
+def test_janitor_drains_the_queues_of_a_tenant_taken_out_of_the_policy(app, fast, store):
+    """A tenant removed by ``policy apply``: nothing routes to or reads its queues any more,
+    yet messages from before the change wait there (and runs under way come back)."""
+    from celery_aitp.policy import parse_policy
+    from celery_aitp.policy_live import apply_policy
+    from tests.conftest import TEST_POLICY
+
+    fast.live.flush()  # the app's own policy: the first version in the history
+    tenants = {k: v for k, v in TEST_POLICY["tenants"].items() if k != "globex"}
+    without_globex = parse_policy({**TEST_POLICY, "tenants": tenants})
+    apply_policy(store, without_globex, fast.policy, source="test", reason="globex left")
+    fast.adopt_policy(without_globex, "test")
+    ops = MemoryQueueOps()
+    ops.queues["aitp.globex.cpu.lo"].extend([(0.0, "a"), (1.0, "b")])
+    store.write_stage(stage_doc(Stage.TAKEOVER, SplitSettings()), "me")
+    janitor = Janitor(fast, ops=ops)
+    assert "aitp.globex.cpu.lo" not in janitor.known_queues()
+    store.advertise("old", ["aitp.globex.cpu.lo"], {}, ttl_s=60)
+    assert janitor.sweep() == {}  # a worker still on the old policy reads it
+    store.withdraw("old")
+    assert janitor.sweep() == {"aitp.globex.cpu.lo": 2}
+    ops.queues["aitp.globex.cpu.lo"].append((2.0, "c"))  # a run under way came back
+    assert janitor.sweep() == {"aitp.globex.cpu.lo": 1}  # looked at on every pass
+    assert [m for _, m in ops.queues["default-q"]] == ["a", "b", "c"]
+    assert "aitp.globex.gpu.hi" in janitor.every_queue()  # evacuate --all drains it too
