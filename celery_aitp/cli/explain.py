@@ -9,7 +9,7 @@ import click
 
 from celery_aitp.cli.celery_command import middleware_of
 from celery_aitp.cli.output import console, emit_json, fail, table
-from celery_aitp.core.request import MODEL_PREDICTION
+from celery_aitp.core.request import EXPLICIT_QUEUE, MODEL_PREDICTION
 from celery_aitp.errors import AitpError
 from celery_aitp.explain import explain_task, tier_story
 
@@ -42,6 +42,9 @@ def _render(data: dict[str, Any], default_queue: str) -> None:
                   f"[bold]{data['tenant']}[/bold]  stage {route['stage']}")
     if route["routed"]:
         console.print(f"route: [green]{route['queue']}[/green] (routed)")
+    elif route["reason"] == EXPLICIT_QUEUE:
+        console.print("route: the queue it was sent to (someone named it, or a retry stays "
+                      f"in the tier queue it came from); would be {route['would_queue']}")
     else:
         console.print(f"route: Celery's own route (default queue {default_queue}); "
                       f"reason [yellow]{route['reason']}[/yellow]; would be "

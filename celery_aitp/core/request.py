@@ -25,6 +25,17 @@ RECORD_VERSION = 1
 MODEL_PREDICTION = "model"
 #: Longest ``aitp`` header text read back (a decision's is about 350 characters).
 MAX_HEADER_CHARS = 4096
+#: The reason of a task someone routed (``queue=``, or a retry, which Celery sends back to
+#: the tier queue it came from) that keeps its queue: neither placed by us nor a fallback.
+EXPLICIT_QUEUE = "explicit_queue"
+
+
+def decision_outcome(reason: str) -> str:
+    """``routed``, ``explicit`` (it kept the queue someone named) or ``fallback``: what a
+    decision's reason says happened (metrics, dashboard and the stage guard agree)."""
+    if reason == "routed":
+        return "routed"
+    return "explicit" if reason == EXPLICIT_QUEUE else "fallback"
 
 
 

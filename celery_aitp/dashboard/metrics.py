@@ -28,6 +28,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
+from celery_aitp.core.request import decision_outcome
 from celery_aitp.dashboard import pages
 from celery_aitp.dashboard.event_counters import EVENT_COUNTERS, event_samples
 from celery_aitp.dashboard.fleet import Fleet
@@ -142,7 +143,7 @@ class FleetCollector:
             reason = b.free("reason", parsed["reason"])
             decisions[(b.tenant(parsed["tenant"]), b.tier(parsed["tier"]),
                        b.accelerator(parsed["accelerator"]), reason,
-                       "routed" if parsed["reason"] == "routed" else "fallback")] += n
+                       decision_outcome(parsed["reason"]))] += n
         for labels, n in sorted(decisions.items()):
             fams["aitp_decisions_total"].add_metric(labels, n)
         for name, series in event_samples(others, b).items():

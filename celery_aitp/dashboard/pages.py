@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from celery_aitp.core.request import decision_outcome
 from celery_aitp.dashboard import shares as work
 from celery_aitp.dashboard.fleet import Snapshot
 from celery_aitp.dashboard.stats import number, prediction_errors, summary
@@ -37,12 +38,15 @@ def decision_breakdown(counts: Mapping[str, int]) -> dict[str, Any]:
             by_reason[parsed["reason"]] += n
     total = sum(by_reason.values())
     routed = by_reason.get("routed", 0)
+    explicit = sum(n for reason, n in by_reason.items()
+                   if decision_outcome(reason) == "explicit")
     reasons = [
         {"reason": reason, "count": n, "share": n / total if total else 0.0,
          "routed": reason == "routed", "error": reason.startswith("error:")}
         for reason, n in by_reason.most_common()
     ]
-    return {"total": total, "routed": routed, "fallback": total - routed,
+    return {"total": total, "routed": routed, "explicit": explicit,
+            "fallback": total - routed - explicit,
             "routed_share": routed / total if total else None, "reasons": reasons}
 
 

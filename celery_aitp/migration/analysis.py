@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_aitp.core.request import EXPLICIT_QUEUE
 from celery_aitp.policy import Policy
 from celery_aitp.publish.gate_stage import GATED_REASONS
 from celery_aitp.publish.spill_stage import SPILL_REASON
@@ -130,6 +131,11 @@ def route_differences(records: Iterable[Record]) -> RouteDifferences:
 
 # --- per-arm metrics --------------------------------------------------------------
 
+#: Routed-arm runs that did not fall back although not placed by the middleware: a spill
+#: is placement, and a task someone routed (a retry staying in its tier queue) kept its
+#: queue.
+KEPT_REASONS = frozenset({SPILL_REASON, EXPLICIT_QUEUE})
+
 
 @dataclass
 class ArmStats:
@@ -154,7 +160,7 @@ class ArmStats:
         if record.get("outcome") == "FAILURE":
             self.failures += 1
         if record.get("arm") == "routed" and not record.get("routed") and \
-                record.get("reason") != SPILL_REASON:  # a spill is placement, not a failure
+                record.get("reason") not in KEPT_REASONS:
             self.fell_back += 1
         pair = prediction_pair(record)
         if pair is not None:

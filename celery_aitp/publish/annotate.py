@@ -15,7 +15,7 @@ from typing import Any
 
 from kombu import Queue
 
-from celery_aitp.core.request import Decision
+from celery_aitp.core.request import EXPLICIT_QUEUE, Decision
 from celery_aitp.layout import Layout
 from celery_aitp.publish.caller_priority import tier_priority
 from celery_aitp.publish.gate_stage import GATED_REASONS
@@ -39,7 +39,7 @@ def explicit_queue_fallback(decision: Decision, tier_queue: bool, live: bool) ->
     when no live worker serves it (``live``) or the stage does not route the task now
     (rolled back, or the split's other arm)."""
     gated = decision.reason in GATED_REASONS
-    decision.fall_back("explicit_queue")
+    decision.fall_back(EXPLICIT_QUEUE)
     if tier_queue:
         if not live:
             decision.reason = "explicit_queue_dead"
@@ -138,7 +138,7 @@ class Annotator:
         elif reason in VISIBILITY_REASONS:
             options["queue"] = self.visibility_queue
             _drop_destination(options)
-        elif reason == "explicit_queue":
+        elif reason == EXPLICIT_QUEUE:
             explicit = queue_name(options.get("queue"))
             if explicit and self.is_tier_destination(explicit):
                 # e.g. a retry (Celery re-sends it to the queue it came from): declare it

@@ -61,15 +61,17 @@ def test_arm_stats_sla_failures_fallbacks_and_control_group():
         [run(arm="routed", routed=True, wait_s=0.5) for _ in range(8)]
         + [run(arm="routed", routed=True, wait_s=3.0, outcome="FAILURE")]
         + [run(arm="routed", routed=False, reason="no_live_worker", wait_s=0.2)]
+        # a retry kept in the tier queue it came from: not a fallback, though not placed
+        + [run(arm="routed", routed=False, reason="explicit_queue", wait_s=0.2)]
         + [run(arm="standard", wait_s=2.0) for _ in range(5)]
         + [run(arm="standard", tenant="globex", tier="mid", wait_s=20.0) for _ in range(5)]
         + [run(arm=None, wait_s=99.0)]  # not a split-stage run
     )
     arms = arm_stats(records, POLICY, SplitRule(SplitSettings(percent=10, tenants=("acme",))))
     routed, standard, control = arms["routed"], arms["standard"], arms["control"]
-    assert routed.n == 10 and routed.sla_hit_rate == pytest.approx(0.9)  # hi SLA is 1 s
-    assert routed.failure_rate == pytest.approx(0.1)
-    assert routed.fallback_rate == pytest.approx(0.1)
+    assert routed.n == 11 and routed.sla_hit_rate == pytest.approx(10 / 11)  # hi SLA: 1 s
+    assert routed.failure_rate == pytest.approx(1 / 11)
+    assert routed.fell_back == 1 and routed.fallback_rate == pytest.approx(1 / 11)
     assert standard.n == 10 and standard.sla_hit_rate == 0.0  # 2 s > 1 s, 20 s > 10 s
     assert control.n == 5 and control.wait(0.9) == pytest.approx(2.0)  # acme only
 

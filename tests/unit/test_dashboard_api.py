@@ -518,3 +518,21 @@ def test_warm_builds_the_first_snapshot_before_any_request(store, ops) -> None:
     assert built is not None and fleet.snapshot() is built
     fleet.warm()  # there is one: nothing more
     assert fleet.background_builds == 1
+
+
+def test_a_queue_someone_named_is_neither_routed_nor_a_fallback(store, ops):
+    """Retries go back to the tier queue they came from (Celery names it): counted as
+    fallbacks, they made a flaky workload look like a failing takeover."""
+    store.add_counts({"decisions:takeover:acme:hi:cpu:explicit_queue": 3,
+                      "decisions:takeover:acme:hi:cpu:explicit_queue_dead": 2,
+                      "decisions:takeover:acme:hi:cpu:routed": 5})
+    client, _ = make_client(store, ops)
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    found = {(s.labels["reason"], s.labels["outcome"]): s.value
+             for s in families["aitp_decisions"].samples
+             if s.name.endswith("_total") and s.labels["tier"] == "hi"
+             and s.labels["accelerator"] == "cpu"}
+    assert found == {("explicit_queue", "explicit"): 3, ("explicit_queue_dead", "fallback"): 2,
+                     ("routed", "routed"): 5}
+    total = client.get("/api/overview").json()["decisions"]["total"]
+    assert (total["routed"], total["explicit"], total["fallback"]) == (5, 3, 2)

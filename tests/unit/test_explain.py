@@ -59,6 +59,19 @@ def test_explain_matches_the_route_the_task_was_given(app, store, published):
     assert missing.exit_code == 1 and "no decision recorded" in missing.output
 
 
+def test_explain_of_a_task_someone_routed_does_not_claim_the_default_queue(app, store,
+                                                                          published):
+    make_live(store, "aitp.acme.cpu.lo")
+    app.aitp.live.refresh()
+    own = app.tasks["tests.unit.conftest.plain"].apply_async(
+        (1,), queue="reports", headers={"aitp_tenant": "acme"})
+    app.aitp.live.flush()
+    assert published[-1]["routing_key"] == "reports"
+    text = run(app, "explain", own.id)
+    assert text.exit_code == 0, text.output
+    assert "the queue it was sent to" in text.output and "default queue" not in text.output
+
+
 def test_weights_come_from_the_policy_that_decided():
     old = parse_policy({"priority": {"weights": {"age": 9}}})
     active = Policy()
