@@ -309,7 +309,10 @@ class Fleet:
         alive: dict[str, list[str]] = {}  # queue -> live workers serving it, built once
         for worker in snap.workers:
             if now - float(worker.get("heartbeat") or 0) <= self.worker_ttl_s:
-                for queue in worker.get("queues") or ():
+                queues = list(worker.get("queues") or ())
+                if worker.get("default_queue") is True:  # advertised as a flag, not a queue
+                    queues.append(self.default_queue)
+                for queue in queues:
                     alive.setdefault(queue, []).append(str(worker.get("worker")))
         try:
             ops = self.queue_ops()

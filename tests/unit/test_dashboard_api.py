@@ -536,3 +536,14 @@ def test_a_queue_someone_named_is_neither_routed_nor_a_fallback(store, ops):
                      ("routed", "routed"): 5}
     total = client.get("/api/overview").json()["decisions"]["total"]
     assert (total["routed"], total["explicit"], total["fallback"]) == (5, 3, 2)
+
+
+def test_the_default_queue_counts_the_aitp_workers_that_read_it(store, ops):
+    store.advertise("both@host", ["aitp.acme.cpu.hi"], {"default_queue": True}, ttl_s=60)
+    store.advertise("tiers@host", ["aitp.acme.cpu.lo"], {"default_queue": False}, ttl_s=60)
+    client, _ = make_client(store, ops)
+    rows = {q["queue"]: q for q in client.get("/api/queues").json()["queues"]}
+    assert rows["default-q"]["consumers"] == ["both@host"]
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    consumers = {s.labels["queue"]: s.value for s in families["aitp_queue_consumers"].samples}
+    assert consumers["default-q"] == 1  # an alert on zero consumers fired while it was read
