@@ -58,11 +58,16 @@ def train_and_promote(middleware: Any, observations: str | None, limit: int | No
 @click.pass_context
 def command(ctx: click.Context, observations: str | None, limit: int | None, out: str | None,
             dry_run: bool, min_records: int) -> None:
-    """Train the runtime model; promote it if it beats the last-two baseline."""
+    """Train the runtime model; promote it if it beats the last-two baseline.
+
+    Exits 1 when no model could be trained (too few usable records), as ``celery-aitp
+    train`` does, so a scheduled job sees it."""
     try:
         require("train", "celery aitp train")
-        train_and_promote(middleware_of(ctx), observations, limit, out, dry_run,
-                          config=TrainConfig(min_records=min_records))
+        result = train_and_promote(middleware_of(ctx), observations, limit, out, dry_run,
+                                   config=TrainConfig(min_records=min_records))
     except (AitpError, OSError) as exc:
         fail(str(exc))
+    if result.bundle is None:
+        raise SystemExit(1)
 

@@ -88,7 +88,15 @@ def test_app_train_from_the_store(app, store, synthetic_records):
     store.append_records(store.keys.observations, synthetic_records[:800], 10_000)
     result = invoke_app(app, "train")
     assert "used 800 of 800 records" in result.output
-    assert ModelStore(store).version() is not None
+    assert result.exit_code == 0 and ModelStore(store).version() is not None
+
+
+def test_app_train_without_enough_records_exits_1(app, store, synthetic_records):
+    store.append_records(store.keys.observations, synthetic_records[:30], 10_000)
+    result = invoke_app(app, "train", "--min-records", "1000")
+    assert "too few usable records" in result.output
+    assert result.exit_code == 1  # a scheduled job sees that no model came out
+    assert ModelStore(store).version() is None
 
 
 def test_trainer_rounds_skip_until_there_is_something_new(app, store, synthetic_records,
