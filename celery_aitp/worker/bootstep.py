@@ -153,6 +153,11 @@ def refuse_express_on_amqp(plan: WorkerPlan, driver: str) -> None:
             "broker, or give short work an accelerator class of its own and workers for it.")
 
 
+class WorkerRefused(PolicyError, click.UsageError):
+    """A worker's flags (or its broker settings) do not fit the policy: ``celery worker``
+    prints the reason as a usage error, without a traceback, and exits 2."""
+
+
 class AitpWorkerStep(bootsteps.StartStopStep):
     """Sets up tier consumption before the consumer starts; advertises and cleans up."""
 
@@ -166,12 +171,15 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         self.middleware = app.aitp
         self.middleware.adopt_active_policy()  # a restart plans from the applied policy
         policy = self.middleware.policy  # raises PolicyError: the worker refuses to start
-        self.plan = WorkerPlan(policy, aitp_tenant, aitp_accelerator, aitp_tiers,
-                               aitp_no_default_queue, aitp_express)
-        self.store_configured = self._check_store(app)
-        if self.plan.enabled:
-            refuse_quorum_queues(app, self.middleware.broker_driver)
-            refuse_express_on_amqp(self.plan, self.middleware.broker_driver)
+        try:
+            self.plan = WorkerPlan(policy, aitp_tenant, aitp_accelerator, aitp_tiers,
+                                   aitp_no_default_queue, aitp_express)
+            self.store_configured = self._check_store(app)
+            if self.plan.enabled:
+                refuse_quorum_queues(app, self.middleware.broker_driver)
+                refuse_express_on_amqp(self.plan, self.middleware.broker_driver)
+        except PolicyError as exc:
+            raise WorkerRefused(str(exc)) from None
         self.hostname = worker.hostname
         self.concurrency = getattr(worker, "concurrency", None) or 1
         self._occupancy: Any = None

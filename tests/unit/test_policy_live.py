@@ -184,3 +184,18 @@ def test_a_worker_restarted_after_an_apply_plans_its_queues_from_the_applied_pol
     step = AitpWorkerStep(worker, aitp_tenant=("newco",))
     assert app.aitp.policy_digest == policy_digest(parse_policy(with_newco))
     assert {"aitp.newco.cpu.hi", "aitp.newco.cpu.lo"} <= set(step.plan.queue_names())
+
+
+def test_a_worker_flag_the_policy_does_not_know_is_a_usage_error(app):
+    """``celery worker`` prints it as a usage error (exit 2), not a 30-line traceback;
+    a program that starts a worker still gets a PolicyError."""
+    from types import SimpleNamespace
+
+    import click
+
+    from celery_aitp.worker.bootstep import AitpWorkerStep
+
+    worker = SimpleNamespace(app=app, hostname="w@test", concurrency=2, consumer=None)
+    with pytest.raises(click.UsageError, match="--aitp-tenant: unknown tenant") as found:
+        AitpWorkerStep(worker, aitp_tenant=("nobody",))
+    assert isinstance(found.value, PolicyError) and found.value.exit_code == 2
