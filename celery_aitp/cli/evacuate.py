@@ -18,6 +18,11 @@ from celery_aitp.worker.janitor import Janitor
 def command(ctx: click.Context, everything: bool, queues: tuple[str, ...]) -> None:
     """Drain orphaned tier queues (or all, or the named ones) atomically."""
     janitor = Janitor(middleware_of(ctx))
+    layout = janitor.middleware.layout
+    others = [q for q in queues if not layout.is_tier_destination(q)]
+    if others:  # a queue of the app's own: moving it would reroute what it holds
+        fail(f"--queue: not a tier queue: {', '.join(others)} (evacuate moves only "
+             "aitp.<tenant>.<accelerator>.<tier> queues to the default queue)")
     try:
         if queues or everything:
             moved = janitor.evacuate(queues or janitor.every_queue())

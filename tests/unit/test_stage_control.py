@@ -206,3 +206,9 @@ def test_janitor_drains_the_queues_of_a_tenant_taken_out_of_the_policy(app, fast
     assert janitor.sweep() == {"aitp.globex.cpu.lo": 1}  # looked at on every pass
     assert [m for _, m in ops.queues["default-q"]] == ["a", "b", "c"]
     assert "aitp.globex.gpu.hi" in janitor.every_queue()  # evacuate --all drains it too
+
+
+def test_evacuate_refuses_a_queue_that_is_not_a_tier_queue(app, fast):
+    out = cli(app, "evacuate", "--queue", "reports", "--queue", "aitp.acme.cpu.hi")
+    assert out.exit_code == 2
+    assert "not a tier queue: reports" in out.output and "aitp.acme" not in out.output
