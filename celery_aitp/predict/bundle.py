@@ -144,7 +144,10 @@ def booster_from_text(text: str, what: str) -> Any:
     """A LightGBM Booster (offline tools and the trainer only; see :mod:`lgb_text`)."""
     import lightgbm
 
-    parse_model_text(text)  # LightGBM aborts the process on some malformed texts
+    try:
+        parse_model_text(text)  # LightGBM aborts the process on some malformed texts
+    except ModelError as exc:
+        raise ModelError(f"{what}: {exc}") from None
     try:
         return lightgbm.Booster(model_str=text)
     except Exception as exc:  # LightGBMError and friends: the text is corrupt

@@ -85,3 +85,10 @@ def test_the_source_picks_up_new_versions_and_keeps_the_last_good_one(store, tra
     store.client.delete(store.keys.model)
     assert source.fetch(store, first) is None  # withdrawn: back to cold start
     assert [h["version"] for h in models.history()][:2] == ["v-next", "v-broken"]
+
+
+def test_a_corrupt_text_given_to_lightgbm_names_the_model_it_is():
+    from celery_aitp.predict.bundle import booster_from_text
+
+    with pytest.raises(ModelError, match="current p90 model: .*truncated"):
+        booster_from_text("tree\nnot a model", "current p90 model")
