@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery_aitp.core.request import Decision, Request
 from celery_aitp.core.view import View
 from celery_aitp.policy import Policy, TenantNames
+
+logger = logging.getLogger(__name__)
 
 #: Longest tenant name accepted from a header before it is treated as bad input.
 MAX_TENANT_LEN = 64
@@ -44,6 +47,7 @@ class TenantStage:
         self.counted_as = {t: spec.tenant_class for t, spec in policy.tenants.items()
                            if spec.tenant_class is not None}
         self.default_counted = self.counted_as.get(self.default)
+        self._unknown_reported = False
 
     def __call__(self, request: Request, decision: Decision, view: View) -> None:
         raw: Any = request.headers.get("aitp_tenant")
@@ -61,6 +65,13 @@ class TenantStage:
             decision.counter_tenant = self.unlisted_class
         if note is not None:
             decision.notes.append(note)
+            if note == "tenant_unknown" and not self._unknown_reported:
+                self._unknown_reported = True  # once per process: it may be every task
+                logger.warning(
+                    "aitp: a task names tenant %r, which the policy does not list: such "
+                    "tasks count as tenant %r (counter tenant_unknown); to give tenants "
+                    "nobody lists a fair share of their own, set unlisted_tenants to a "
+                    "tenant class (docs/scale.md)", str(raw)[:MAX_TENANT_LEN], self.default)
 
     def resolve(self, raw: Any, parent: str | None) -> tuple[str, str | None]:
         """The tenant for a claimed name (``raw``: header or keyword argument, None if

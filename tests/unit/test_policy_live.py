@@ -199,3 +199,14 @@ def test_a_worker_flag_the_policy_does_not_know_is_a_usage_error(app):
     with pytest.raises(click.UsageError, match="--aitp-tenant: unknown tenant") as found:
         AitpWorkerStep(worker, aitp_tenant=("nobody",))
     assert isinstance(found.value, PolicyError) and found.value.exit_code == 2
+
+
+def test_a_tenant_the_policy_does_not_list_is_said_once_in_the_log(app, caplog):
+    """Counted only, unlisted tenants silently became the default tenant."""
+    with caplog.at_level("WARNING", logger="celery_aitp.publish.tenant_stage"):
+        for name in ("cust01", "cust02", "cust01"):
+            app.tasks["tests.unit.conftest.plain"].apply_async(
+                (1,), headers={"aitp_tenant": name})
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "'cust01'" in said[0] and "unlisted_tenants" in said[0]
+    assert app.aitp.counters.totals["tenant_unknown"] == 3
