@@ -16,10 +16,12 @@ console = Console()
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """Print a table; numbers are right-aligned, floats shortened."""
+    """Print a table; numbers are right-aligned, floats shortened. A cell too wide for
+    the terminal (80 columns when piped) wraps, never cut: two task names cut to the same
+    prefix could not be told apart."""
     out = Table(title=title)
     for name in columns:
-        out.add_column(name)
+        out.add_column(name, overflow="fold")
     for row in rows:
         out.add_row(*(_cell(v) for v in row))
     console.print(out)

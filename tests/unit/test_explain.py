@@ -167,3 +167,20 @@ def test_the_dashboard_tail_reads_packed_entries(store):
     assert [r["task_id"] for r in tail.poll(time.time())] == ["b0", "b1"]
     assert tail.find("task_id", "a3") == {"task_id": "a3"}  # beyond the window: the stream
     assert tail.find("task_id", "zz") is None
+
+
+def test_a_table_wraps_a_long_cell_rather_than_cutting_it(monkeypatch):
+    """Piped output is 80 columns: task names cut to one prefix could not be told apart."""
+    from rich.console import Console
+
+    from celery_aitp.cli import output
+
+    narrow = Console(width=40, record=True, force_terminal=False)
+    monkeypatch.setattr(output, "console", narrow)
+    output.table("runs", ["task", *"abcdef"], [("proj.report_generation", *range(6)),
+                                               ("proj.resize_in_bulk", *range(6))])
+    text = narrow.export_text()
+    assert "…" not in text
+    cells = "".join(line.split("│")[1].strip() for line in text.splitlines()
+                    if line.startswith("│"))
+    assert "proj.report_generation" in cells and "proj.resize_in_bulk" in cells
