@@ -596,8 +596,14 @@ _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _format_errors(exc: ValidationError) -> str:
+    errors = exc.errors()
+    # a list whose items failed is also reported as too short (the failed items do not
+    # count): say only what is wrong with the items
+    failed_under = {tuple(err["loc"][:i]) for err in errors for i in range(len(err["loc"]))}
     lines = []
-    for err in exc.errors():
+    for err in errors:
+        if err["type"] == "too_short" and tuple(err["loc"]) in failed_under:
+            continue
         path = ".".join(_path_part(p) for p in err["loc"]) or "(policy)"
         message = err["msg"].removeprefix("Value error, ")
         lines.append(f"{path}: {message}")

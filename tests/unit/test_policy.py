@@ -88,3 +88,11 @@ def test_validate_command_accepts_a_good_file(tmp_path):
     result = CliRunner().invoke(main, ["validate", str(good)])
     assert result.exit_code == 0, result.output
     assert "valid" in result.output
+
+
+def test_a_list_whose_items_failed_is_not_also_called_too_short():
+    with pytest.raises(PolicyError) as found:
+        parse_policy({"tiers": [{"name": "hi", "sla_s": -5}]})
+    assert str(found.value) == "tiers.0.sla_s: Input should be greater than 0"
+    with pytest.raises(PolicyError, match="tiers: Tuple should have at least 1 item"):
+        parse_policy({"tiers": []})  # an empty list is still said to be one
