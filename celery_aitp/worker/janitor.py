@@ -80,6 +80,7 @@ class Janitor(BrokerQueuePass):
         self._version_queues: dict[str, list[str]] = {}  # tier queues per policy digest
         self._history_head: Any = None  # the policy history's newest entry, as last read
         self._recorded: list[str] | None = None  # the recent versions' tier queues
+        self._retired_next = 0  # where the next batch of many retired queues starts
 
     def known_queues(self) -> list[str]:
         """Every logical tier queue the policy can produce, the classes' over-share
@@ -170,7 +171,7 @@ class Janitor(BrokerQueuePass):
         store = self.middleware.store
         stage, _ = stage_from_doc(store.read_stage(), self.middleware.policy)
         former = self._former_batch()
-        retired = self.retired_queues()
+        retired = self._retired_batch()
         if stage is Stage.COEXISTENCE:
             return self.evacuate(self.known_queues() + retired + former)
         return self.evacuate(self.orphaned(store.live_queues(), retired) + former)
@@ -179,6 +180,17 @@ class Janitor(BrokerQueuePass):
         """Every tier queue a message may wait in: the policy's, the classed tenants'
         former ones and the retired ones (``celery aitp evacuate --all``)."""
         return self.known_queues() + self.former_queues() + self.retired_queues()
+
+    def _retired_batch(self) -> list[str]:
+        """The retired queues to look at this pass: all of them, or the next
+        ``FORMER_PER_PASS`` in turn when there are more (an old policy that listed
+        thousands of tenants: on RabbitMQ each missing queue costs a channel)."""
+        retired = self.retired_queues()
+        if len(retired) <= self.FORMER_PER_PASS:
+            return retired
+        start = self._retired_next % len(retired)
+        self._retired_next = start + self.FORMER_PER_PASS
+        return (retired + retired)[start:start + self.FORMER_PER_PASS]
 
     def _former_batch(self) -> list[str]:
         """The next former queues to look at, until each has been once."""

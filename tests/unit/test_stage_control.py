@@ -212,3 +212,21 @@ def test_evacuate_refuses_a_queue_that_is_not_a_tier_queue(app, fast):
     out = cli(app, "evacuate", "--queue", "reports", "--queue", "aitp.acme.cpu.hi")
     assert out.exit_code == 2
     assert "not a tier queue: reports" in out.output and "aitp.acme" not in out.output
+
+
+def test_many_retired_queues_are_looked_at_in_turn(app, fast, store):
+    from celery_aitp.policy import parse_policy
+    from celery_aitp.policy_live import apply_policy
+    from tests.conftest import TEST_POLICY
+
+    many = {f"t{i}": {} for i in range(30)}
+    wide = parse_policy({**TEST_POLICY, "tenants": {**TEST_POLICY["tenants"], **many}})
+    apply_policy(store, wide, fast.policy, source="test", reason="30 tenants, 6 queues each")
+    apply_policy(store, parse_policy(TEST_POLICY), wide, source="test", reason="gone")
+    fast.adopt_policy(parse_policy(TEST_POLICY), "test")
+    janitor = Janitor(fast, ops=MemoryQueueOps())
+    janitor.FORMER_PER_PASS = 50
+    retired = janitor.retired_queues()
+    assert len(retired) == 180
+    seen = [q for _ in range(4) for q in janitor._retired_batch()]
+    assert len(seen) == 200 and set(seen) == set(retired)  # 50 a pass, each in turn
