@@ -441,15 +441,20 @@ def test_queues_show_which_tier_queues_spill(client, store):
                              "spill_class": "gpu", "idle_slots": 3, "open_queues": []}
 
 
+def hi_cpu_decisions(client: TestClient) -> dict[tuple[str, str], float]:
+    """``aitp_decisions_total`` of tier hi on cpu, by (reason, outcome)."""
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    return {(s.labels["reason"], s.labels["outcome"]): s.value
+            for s in families["aitp_decisions"].samples
+            if s.name.endswith("_total") and s.labels["tier"] == "hi"
+            and s.labels["accelerator"] == "cpu"}
+
+
 def test_spilled_decisions_are_exported_with_their_reason(store, ops):
     store.add_counts({"decisions:takeover:acme:hi:cpu:spill": 4,
                       "decisions:takeover:acme:hi:cpu:routed": 6})
     client, _ = make_client(store, ops)
-    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
-    spilled = {(s.labels["reason"], s.labels["outcome"]): s.value
-               for s in families["aitp_decisions"].samples
-               if s.name.endswith("_total") and s.labels["tier"] == "hi"
-               and s.labels["accelerator"] == "cpu"}
+    spilled = hi_cpu_decisions(client)
     assert spilled[("spill", "fallback")] == 4 and spilled[("routed", "routed")] == 6
 
 
@@ -527,13 +532,9 @@ def test_a_queue_someone_named_is_neither_routed_nor_a_fallback(store, ops):
                       "decisions:takeover:acme:hi:cpu:explicit_queue_dead": 2,
                       "decisions:takeover:acme:hi:cpu:routed": 5})
     client, _ = make_client(store, ops)
-    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
-    found = {(s.labels["reason"], s.labels["outcome"]): s.value
-             for s in families["aitp_decisions"].samples
-             if s.name.endswith("_total") and s.labels["tier"] == "hi"
-             and s.labels["accelerator"] == "cpu"}
-    assert found == {("explicit_queue", "explicit"): 3, ("explicit_queue_dead", "fallback"): 2,
-                     ("routed", "routed"): 5}
+    assert hi_cpu_decisions(client) == {("explicit_queue", "explicit"): 3,
+                                        ("explicit_queue_dead", "fallback"): 2,
+                                        ("routed", "routed"): 5}
     total = client.get("/api/overview").json()["decisions"]["total"]
     assert (total["routed"], total["explicit"], total["fallback"]) == (5, 3, 2)
 
