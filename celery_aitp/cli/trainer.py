@@ -20,6 +20,7 @@ from celery_aitp.errors import AitpError
 from celery_aitp.extras import require
 from celery_aitp.learn.observations import last_id, stream_length
 from celery_aitp.predict.drift import DriftStore
+from celery_aitp.predict.model_store import ModelStore
 from celery_aitp.redact import redact
 
 
@@ -40,6 +41,9 @@ class Trainer:
         newest, length = last_id(store), stream_length(store)
         if newest is None:
             return "no observations yet"
+        pinned = ModelStore(store).pinned()
+        if pinned:  # nothing could be promoted; what arrives meanwhile counts after unpin
+            return f"model {pinned} is pinned (`aitp model unpin` lets the trainer promote)"
         asked = DriftStore(store).take_due()
         if asked:  # a task's live error crossed the bound: retrain now
             console.print(f"retraining: {asked}")

@@ -129,3 +129,25 @@ def test_durations():
     assert parse_duration("45") == 45
     with pytest.raises(Exception, match="positive duration"):
         parse_duration("soon")
+
+
+def test_a_trainer_waits_out_a_pin_and_then_learns_from_what_came_meanwhile(
+        app, store, synthetic_records, capsys):
+    from celery_aitp.predict.model_store import Actor
+
+    models = ModelStore(store)
+    store.append_records(store.keys.observations, synthetic_records[:600], 10_000)
+    trainer = Trainer(app.aitp, every_s=0.01, min_new=50, limit=None)
+    trainer.run(rounds=1)
+    first = models.version()
+    assert first is not None
+    actor = Actor("alice", "hold", "desk", at=1_700_000_000.0)
+    models.pin(first, actor)
+    store.append_records(store.keys.observations, synthetic_records[600:1400], 10_000)
+    capsys.readouterr()
+    trainer.run(rounds=1)
+    assert f"model {first} is pinned" in capsys.readouterr().out  # nothing trained
+    models.unpin(actor)
+    trainer.run(rounds=1)  # the 800 runs that came while pinned are new to it still
+    out = capsys.readouterr().out
+    assert "no new observations" not in out and "used 1400 of 1400 records" in out
