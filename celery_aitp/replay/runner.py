@@ -49,6 +49,8 @@ from celery_aitp.worker.observe import record_run
 DEFAULT_OVERHEAD_S = 0.002
 #: A run that waited at least this long started as soon as a slot freed up.
 WAITED_S = 0.05
+#: Largest mean gap :func:`estimate_overhead` takes for a worker's overhead (seconds).
+MAX_OVERHEAD_S = 1.0
 
 
 class SimClock:
@@ -338,7 +340,10 @@ def estimate_overhead(trace: Trace, default_accelerator: str = "cpu",
     from the latest end of a run of its class before its start is the time the worker took
     to ack, fetch and start it. The mean of those gaps (the largest 5% left out: another
     slot freed it) is what the simulator adds to every run. Classes with fewer than
-    ``min_samples`` such runs, or traces without ``started_at``, get no estimate.
+    ``min_samples`` such runs, or traces without ``started_at``, get no estimate; nor
+    does a mean above :data:`MAX_OVERHEAD_S`: that is not a worker's ack and fetch but a
+    batch system's scheduling (an imported job log: 97 to 242 s per job on KTH and LANL
+    slices, which the replay then added to every run).
     """
     import bisect
 
@@ -359,7 +364,9 @@ def estimate_overhead(trace: Trace, default_accelerator: str = "cpu",
         if len(gaps) >= min_samples:
             gaps.sort()
             kept = gaps[: max(1, int(len(gaps) * 0.95))]
-            out[accel] = sum(kept) / len(kept)
+            mean = sum(kept) / len(kept)
+            if mean <= MAX_OVERHEAD_S:
+                out[accel] = mean
     return out
 
 

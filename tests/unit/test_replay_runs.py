@@ -144,6 +144,13 @@ def test_overhead_is_measured_from_the_trace():
     assert set(estimate) == {"cpu"} and estimate["cpu"] == pytest.approx(0.003)
     assert estimate_overhead(from_records(records[:10])) == {}  # too few samples
     assert estimate_overhead(from_records([rec("t", "a", 0, 1.0)])) == {}  # no started_at
+    # a batch system's log: runs start minutes after a slot freed (its scheduler, not a
+    # worker's ack and fetch), which the replay would have added to every run
+    batch, start = [], 1000.0
+    for _ in range(30):
+        batch.append(rec("t", "acme", 0.0, 3600.0, started_at=start))
+        start += 3600.0 + 120.0
+    assert estimate_overhead(from_records(batch)) == {}
 
 
 def test_replay_is_deterministic():
