@@ -62,6 +62,14 @@ def print_stats(stats: Sequence[RunStats], found: Sequence[Target]) -> None:
           [(st.run, st.jain, st.lost) for st in stats])
     if len(tenants) > MAX_TENANT_ROWS:
         console.print(f"{len(tenants)} tenants: their rows are in the HTML report")
+    lost_all = [st.run for st in stats if st.group("all", "all") is None]
+    if lost_all:
+        console.print(f"[yellow]every task of {', '.join(lost_all)} was lost[/yellow]: no "
+                      "worker reads the class its tasks went to (see --workers); nothing "
+                      "to compare")
+    elif len({st.lost for st in stats}) > 1:
+        console.print("[yellow]the runs lost different tasks[/yellow] (no worker for their "
+                      "class): their figures, and the ratios below, cover different tasks")
     for t in found:
         verdict = "[green]met[/green]" if t.met else "[red]not met[/red]"
         console.print(f"{t.name}: {t.value:.3f} (target <= {t.limit:g}) {verdict}")

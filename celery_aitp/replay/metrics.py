@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 #: Runtime floor of the bounded slowdown, seconds.
 TAU_S = 0.1
+#: Waits shorter than this are the simulated clock's rounding (seconds): read as none.
+WAIT_NOISE_S = 1e-6
 #: Share of the tasks, fastest first by true runtime, that count as short.
 SHORT_SHARE = 0.8
 
@@ -108,6 +110,7 @@ def run_stats(run: str, wait: Sequence[float], runtime: Sequence[float],
     import numpy as np
 
     w = np.asarray(wait, dtype=float)
+    w = np.where(w < WAIT_NOISE_S, 0.0, w)  # the simulated clock's rounding, not a wait
     r = np.asarray(runtime, dtype=float)
     tier_arr = np.asarray(tiers, dtype=object)
     tenant_arr = np.asarray(tenants, dtype=object)
@@ -161,6 +164,12 @@ def _tier(run: RunStats, tier: str) -> GroupStats:
     return found
 
 
+def ran(*runs: RunStats) -> bool:
+    """Whether each of ``runs`` ran some task: one whose tasks were all lost (sent to a
+    class no worker serves) has nothing to compare, and no targets are computed."""
+    return all(run.group("all", "all") is not None for run in runs)
+
+
 def targets(fifo: RunStats, policy: RunStats, oracle: RunStats,
             tier_order: Sequence[str]) -> list[Target]:
     """The issue's three targets: top tier p95 vs FIFO, slowdown vs oracle, lowest tier max.
@@ -168,6 +177,8 @@ def targets(fifo: RunStats, policy: RunStats, oracle: RunStats,
     Tier groups compare the same tasks: callers label every run with the tier the policy
     run gave each task.
     """
+    if not ran(fifo, policy, oracle):
+        return []
     present = [t for t in tier_order if policy.group("tier", t) and fifo.group("tier", t)]
     out = [Target("mean slowdown / oracle's",
                   _ratio(policy.overall.mean_slowdown, oracle.overall.mean_slowdown), 1.15)]
@@ -187,6 +198,8 @@ def size_targets(fifo: RunStats, policy: RunStats, oracle: RunStats) -> list[Tar
     run shares whatever tiers it gave: mean slowdown at most 0.5x FIFO's and 1.2x the
     oracle's, short tasks' p95 wait at most 0.3x FIFO's, long tasks' longest wait at most
     2x FIFO's."""
+    if not ran(fifo, policy, oracle):
+        return []
     out = [Target("mean slowdown / FIFO's",
                   _ratio(policy.overall.mean_slowdown, fifo.overall.mean_slowdown), 0.5),
            Target("mean slowdown / oracle's",
@@ -202,7 +215,9 @@ def size_targets(fifo: RunStats, policy: RunStats, oracle: RunStats) -> list[Tar
     return out
 
 
-def cold_start_target(fifo: RunStats, cold: RunStats) -> Target:
+def cold_start_target(fifo: RunStats, cold: RunStats) -> Target | None:
     """Cold start (no model, history only) must not be worse than FIFO: mean slowdown."""
+    if not ran(fifo, cold):
+        return None
     return Target("cold start mean slowdown / FIFO's",
                   _ratio(cold.overall.mean_slowdown, fifo.overall.mean_slowdown), 1.0)

@@ -86,6 +86,19 @@ def test_size_targets_and_cold_start_compare_with_fifo_and_the_oracle():
     assert cold_start_target(fifo, _stats("cold", 10.0, 1, 1)).met
 
 
+def test_a_run_whose_tasks_were_all_lost_gets_no_targets():
+    fifo, oracle = _stats("fifo", 10.0, 100.0, 1000.0), _stats("oracle", 4.0, 10.0, 1500.0)
+    lost = run_stats("p", [], [], [], [], {}, lost=200)  # no worker for their class
+    assert size_targets(fifo, lost, oracle) == []  # it raised AssertionError
+    assert cold_start_target(fifo, lost) is None
+
+
+def test_a_wait_of_the_simulated_clocks_rounding_is_no_wait():
+    """An express run's 1e-7 s 'waits' against FIFO's zeros made every ratio inf."""
+    stats = run_stats("r", [9.35e-08, 0.0, 2.0], [1.0, 1.0, 1.0], ["hi"] * 3, ["a"] * 3, {})
+    assert stats.overall.wait_p50_s == 0.0 and stats.overall.wait_max_s == 2.0
+
+
 def _batch_trace(path: Path, n: int = 400) -> Path:
     """A small batch-like trace: 80% short jobs, 20% long ones, the runtime told by an
     argument (as a requested time would), one job every 10 s."""
@@ -149,3 +162,12 @@ def test_bad_sizing_options_are_clear_errors(tmp_path, args, message):
     result = CliRunner().invoke(main, ["replay", str(trace), *args,
                                        "--report", str(tmp_path / "r.html")])
     assert result.exit_code != 0 and message in result.output
+
+
+def test_replay_with_workers_for_no_class_of_the_trace_says_so(tmp_path):
+    trace = tmp_path / "cpu.jsonl"
+    write_jsonl([rec(float(i), 0.5) for i in range(50)], trace)
+    out = CliRunner().invoke(main, ["replay", str(trace), "--workers", "gpu=2",
+                                    "--report", str(tmp_path / "r.html")])
+    assert out.exit_code == 0, out.output
+    assert "was lost" in out.output and "nothing to compare" in out.output
