@@ -7,6 +7,7 @@ import click
 from celery_aitp.cli.celery_command import middleware_of
 from celery_aitp.cli.output import console, fail
 from celery_aitp.errors import AitpError
+from celery_aitp.queues import parse_tier_queue
 from celery_aitp.worker.janitor import Janitor
 
 
@@ -19,7 +20,8 @@ def command(ctx: click.Context, everything: bool, queues: tuple[str, ...]) -> No
     """Drain orphaned tier queues (or all, or the named ones) atomically."""
     janitor = Janitor(middleware_of(ctx))
     layout = janitor.middleware.layout
-    others = [q for q in queues if not layout.is_tier_destination(q)]
+    others = [q for q in queues  # a logical name, or the broker queue holding it
+              if parse_tier_queue(q) is None and not layout.is_tier_destination(q)]
     if others:  # a queue of the app's own: moving it would reroute what it holds
         fail(f"--queue: not a tier queue: {', '.join(others)} (evacuate moves only "
              "aitp.<tenant>.<accelerator>.<tier> queues to the default queue)")

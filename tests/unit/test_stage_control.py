@@ -230,3 +230,16 @@ def test_many_retired_queues_are_looked_at_in_turn(app, fast, store):
     assert len(retired) == 180
     seen = [q for _ in range(4) for q in janitor._retired_batch()]
     assert len(seen) == 200 and set(seen) == set(retired)  # 50 a pass, each in turn
+
+
+def test_evacuate_takes_a_logical_tier_queue_name_on_rabbitmq_too(app, fast, monkeypatch):
+    """On RabbitMQ one broker queue holds every tier of a tenant and accelerator; the
+    logical name (as dashboards and advertisements show it) is what an operator types."""
+    from celery_aitp.layout import PerTenantLayout
+
+    fast.__dict__["layout"] = PerTenantLayout(fast.policy.tier_names)
+    moved: list[Any] = []
+    monkeypatch.setattr(Janitor, "evacuate", lambda self, queues: moved.append(queues) or {})
+    out = cli(app, "evacuate", "--queue", "aitp.acme.cpu.hi", "--queue", "aitp.acme.cpu")
+    assert out.exit_code == 0, out.output
+    assert moved == [("aitp.acme.cpu.hi", "aitp.acme.cpu")]
