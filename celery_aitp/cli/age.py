@@ -20,12 +20,14 @@ def command(ctx: click.Context) -> None:
             fail("aging passes run on RabbitMQ with tier_order: weighted; this app's broker "
                  f"is {mw.broker_driver!r} with tier_order: {mw.policy.tier_order.value} "
                  "(on Redis the workers' weighted tier order keeps lower tiers moving)")
-        promoted = aging.Ager(mw).pass_now()
+        # a worker's pass holds the lock for most of each interval: wait one out
+        wait_s = mw.policy.aging.interval_s + 1.0
+        promoted = aging.Ager(mw).pass_now(wait_s)
     except AitpError as exc:
         fail(str(exc))
     if promoted is None:
-        fail("another aging pass holds the lock (a worker's, or another `aitp age`); "
-             "try again in a few seconds")
+        fail(f"another aging pass held the lock for {wait_s:g} s (another `aitp age`?); "
+             "try again")
     for queue, n in sorted(promoted.items()):
         console.print(f"{queue}: promoted {n}")
     console.print(f"promoted {sum(promoted.values())} message(s) to their tenant's top "

@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 #: How long ``celery aitp age`` may hold the aging lock (it gives it up when done).
 MANUAL_LOCK_S = 120.0
+#: How often ``celery aitp age`` asks for the lock again while a worker's pass holds it.
+LOCK_POLL_S = 0.2
 
 
 class Selector:
@@ -137,9 +139,20 @@ class Ager(BrokerQueuePass):
 
     def __init__(self, middleware: Any, ops: Any = None) -> None:
         super().__init__(middleware, ops)
+        self._planned_for = middleware.policy
         self.plan = AgingPlan(middleware.policy, middleware.layout)
         #: Per broker queue, when its next message may become due (see :meth:`sweep`).
         self.next_due: dict[str, float] = {}
+
+    def _follow_policy(self) -> None:
+        """Plan again after ``policy apply`` (a tier's ``promote_after_s`` may change
+        live): the plan was made once, so running workers kept the ages they started
+        with."""
+        policy = self.middleware.policy
+        if policy is not self._planned_for:
+            self._planned_for = policy
+            self.plan = AgingPlan(policy, self.middleware.layout)
+            self.next_due.clear()
 
     def sweep(self, now: float | None = None) -> dict[str, int]:
         """One pass over the broker queues that may hold a due message; returns messages
@@ -150,6 +163,7 @@ class Ager(BrokerQueuePass):
         for anything published since (a pass that hit ``max_inspect`` looks again next
         time). So an idle queue, or one whose lower tiers are young, is not touched.
         """
+        self._follow_policy()
         settings = self.middleware.policy.aging
         counters = self.middleware.counters
         promoted: dict[str, int] = {}
@@ -178,13 +192,17 @@ class Ager(BrokerQueuePass):
                         sum(promoted.values()), promoted)
         return promoted
 
-    def pass_now(self) -> dict[str, int] | None:
+    def pass_now(self, wait_s: float = 0.0) -> dict[str, int] | None:
         """One pass over every broker queue now (``celery aitp age``), under the same lock
-        as the workers' passes; None while another process holds it."""
+        as the workers' passes, waiting up to ``wait_s`` for it (a worker holds it for most
+        of each ``aging.interval_s``); None if it stayed taken."""
         store = self.middleware.store
         key = store.keys.aging_lock
-        if not store.try_lock(key, MANUAL_LOCK_S, self.owner):
-            return None
+        deadline = time.monotonic() + wait_s
+        while not store.try_lock(key, MANUAL_LOCK_S, self.owner):
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(LOCK_POLL_S)
         try:
             return self.sweep()
         finally:
@@ -192,10 +210,9 @@ class Ager(BrokerQueuePass):
 
     def run(self, stop: threading.Event) -> None:
         """A pass every ``aging.interval_s`` until ``stop`` is set; one process at a time."""
-        interval = self.middleware.policy.aging.interval_s
         store = self.middleware.store
         lock_key = store.keys.aging_lock
-        while not stop.wait(interval):
+        while not stop.wait(interval := self.middleware.policy.aging.interval_s):
             try:
                 if store.try_lock(lock_key, interval * 0.9, self.owner):
                     self.sweep()

@@ -373,14 +373,43 @@ def test_age_command_runs_one_pass_now_and_gives_the_lock_back(app, store,
     assert app.aitp.counters.totals["aged"] == 1
 
 
-def test_age_command_waits_for_a_pass_that_holds_the_lock(app, store, monkeypatch) -> None:
+def _short_interval(app: Any, interval_s: float) -> None:
+    mw = app.aitp
+    policy = mw.policy.model_copy(update={"aging": mw.policy.aging.model_copy(
+        update={"interval_s": interval_s})})
+    mw.__dict__["settings"] = mw.settings.model_copy(update={"policy": policy})
+
+
+def test_age_command_waits_out_a_workers_pass_but_never_runs_beside_one(
+        app, store, monkeypatch) -> None:
+    """A worker holds the lock for most of each interval: the command waits up to one
+    interval for it (it failed nearly every time while workers ran)."""
     ops, queue, top = _fake_broker(app, monkeypatch)
+    _short_interval(app, 0.3)
     store.try_lock(store.keys.aging_lock, 30, "worker-1:42")
     result = _age_cli(app)
     assert result.exit_code != 0
-    assert "holds the lock" in result.output
+    assert "held the lock" in result.output
     assert ops.calls == []  # no pass ran beside the other one
     assert store.client.get(store.keys.aging_lock) == b"worker-1:42"  # not taken away
+    store.client.pexpire(store.keys.aging_lock, 300)  # the worker's pass ends soon
+    result = _age_cli(app)
+    assert result.exit_code == 0, result.output
+    assert "promoted 1 message(s)" in result.output
+
+
+def test_running_workers_follow_a_live_change_of_the_ages() -> None:
+    """``policy apply`` may change a tier's promote_after_s: the plan was made once."""
+    middleware = FakeMiddleware(POLICY)
+    queue = FakeQueue()
+    queue.publish("old-lo", LO, 1000.0 - 100.0)
+    ops = FakeOps({"aitp.acme.cpu": queue})
+    ager = aging.Ager(middleware, ops)
+    assert ager.sweep(now=1000.0) == {}  # 100 s is young for lo with the derived ages
+    tiers = [{"name": "hi", "sla_s": 5}, {"name": "mid", "sla_s": 60},
+             {"name": "lo", "sla_s": 600, "promote_after_s": 8.0}]
+    middleware.policy = parse_policy(dict(POLICY, tiers=tiers))
+    assert ager.sweep(now=1000.0) == {"aitp.acme.cpu": 1}
 
 
 def test_age_command_refuses_brokers_without_aging(app) -> None:
