@@ -7,7 +7,7 @@ from typing import Any
 
 from celery_aitp.core.request import Decision, Request
 from celery_aitp.core.view import View
-from celery_aitp.policy import Policy, TenantNames
+from celery_aitp.policy import NAME_PATTERN, Policy, TenantNames
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +67,16 @@ class TenantStage:
             decision.notes.append(note)
             if note == "tenant_unknown" and not self._unknown_reported:
                 self._unknown_reported = True  # once per process: it may be every task
-                logger.warning(
-                    "aitp: a task names tenant %r, which the policy does not list: such "
-                    "tasks count as tenant %r (counter tenant_unknown); to give tenants "
-                    "nobody lists a fair share of their own, set unlisted_tenants to a "
-                    "tenant class (docs/scale.md)", str(raw)[:MAX_TENANT_LEN], self.default)
+                logger.warning("aitp: a task names tenant %r, %s: such tasks count as tenant "
+                               "%r (counter tenant_unknown)", str(raw)[:MAX_TENANT_LEN],
+                               self._why_unknown(raw), self.default)
+
+    def _why_unknown(self, raw: Any) -> str:
+        if isinstance(raw, str) and NAME_PATTERN.match(raw) is None:
+            return ("which is not a valid tenant name (lower-case letters, digits, '_' or "
+                    "'-', at most 32 characters, starting with a letter or digit)")
+        return ("which the policy does not list; to give tenants nobody lists a fair share "
+                "of their own, set unlisted_tenants to a tenant class (docs/scale.md)")
 
     def resolve(self, raw: Any, parent: str | None) -> tuple[str, str | None]:
         """The tenant for a claimed name (``raw``: header or keyword argument, None if

@@ -210,3 +210,13 @@ def test_a_tenant_the_policy_does_not_list_is_said_once_in_the_log(app, caplog):
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "'cust01'" in said[0] and "unlisted_tenants" in said[0]
     assert app.aitp.counters.totals["tenant_unknown"] == 3
+
+
+def test_a_tenant_name_that_is_not_valid_is_said_to_be_so(app, caplog):
+    """Mixed-case customer ids are common: advice to set unlisted_tenants was wrong."""
+    with caplog.at_level("WARNING", logger="celery_aitp.publish.tenant_stage"):
+        app.tasks["tests.unit.conftest.plain"].apply_async(
+            (1,), headers={"aitp_tenant": "AcmeCorp"})
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "not a valid tenant name" in said[0]
+    assert "unlisted_tenants" not in said[0]
