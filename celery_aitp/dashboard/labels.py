@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery_aitp.policy import Policy, Stage, TenantNames
+from celery_aitp.queues import lane_owner
 
 OTHER = "other"
 NONE = "none"
@@ -31,7 +32,10 @@ class Bounds:
         # of tenants, or unlisted ones), the first ones seen up to that bound, for the
         # process's life (counters must not hop between series), the rest 'other'.
         many = len(policy.tenants) > MAX_TENANT_LABELS
-        self.tenants = frozenset({policy.default_tenant} if many else policy.tenants)
+        # the classes (and their over-share lanes) own queues and counters as a tenant
+        # does, and the policy bounds them: always their own value, never 'other'
+        classes = {name for cls in policy.tenant_classes for name in (cls, lane_owner(cls))}
+        self.tenants = frozenset({policy.default_tenant} if many else policy.tenants) | classes
         self._tenant_names = TenantNames(policy)
         self._seen_tenants: set[str] = set()
         self.tiers = frozenset(policy.tier_names)

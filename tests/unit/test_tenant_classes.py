@@ -163,6 +163,13 @@ def test_metrics_labels_and_tenant_rows_stay_bounded_with_many_tenants() -> None
     assert len(labels) == MAX_TENANT_LABELS and OTHER in labels
     assert bounds.tenant("t0") == "t0" and bounds.tenant("t199") == OTHER  # sticky
     assert Bounds(POLICY).tenant("newco") == "newco"  # unlisted, under the bound
+    # a class and its lane own queues and counters: their own label, even past the bound
+    classed = parse_policy({**TEST_POLICY, "tenants": {f"t{i}": {} for i in range(200)}
+                            | {"default": {}}, "tenant_classes": {"std": {}}})
+    full = Bounds(classed)
+    for i in range(200):
+        full.tenant(f"t{i}")
+    assert full.tenant("std") == "std" and full.tenant("std~over") == "std~over"
     runs = [{"tenant": f"t{i}", "runtime_s": float(i), "wait_s": 0.1, "tier": "lo"}
             for i in range(200)]
     page = pages.tenants(Snapshot(at=0.0, observations=runs), many, 300.0)
