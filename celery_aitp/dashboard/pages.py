@@ -118,15 +118,17 @@ def top_tenants(names: list[str], runtime: Mapping[str, float],
 
 def other_tenants_row(names: list[str], runs: Mapping[str, int], runtime: Mapping[str, float],
                       shares: Mapping[str, float], fair: Mapping[str, float | None],
-                      tiers: tuple[str, ...]) -> dict[str, Any]:
-    """The tenants beyond the top rows, summed."""
+                      tiers: tuple[str, ...],
+                      waits: Mapping[str, Mapping[str, list[float]]]) -> dict[str, Any]:
+    """The tenants beyond the top rows, summed (their waits pooled per tier)."""
     return {
         "tenant": OTHER_TENANTS, "known": False, "weight": None, "max_tier": None,
         "tenants": len(names), "runs": sum(runs.get(t, 0) for t in names),
         "runtime_s": sum(runtime.get(t, 0.0) for t in names),
         "share": sum(shares.get(t, 0.0) for t in names),
         "fair_share": sum(fair.get(t) or 0.0 for t in names),
-        "wait": {tier: summary([]) for tier in tiers},
+        "wait": {tier: summary([w for t in names for w in waits.get(t, {}).get(tier, [])])
+                 for tier in tiers},
     }
 
 
@@ -166,7 +168,8 @@ def tenants(snap: Snapshot, policy: Policy, window_s: float) -> dict[str, Any]:
             "wait": {tier: summary(waits[name].get(tier, [])) for tier in policy.tier_names},
         })
     if others:
-        rows.append(other_tenants_row(others, runs, runtime, shares, fair, policy.tier_names))
+        rows.append(other_tenants_row(others, runs, runtime, shares, fair, policy.tier_names,
+                                      waits))
     return {
         "at": snap.at, "window_s": window_s, "tenants": rows, "tiers": list(policy.tier_names),
         # the scheduler's figures (celery_aitp.fairness over decayed usage), not a second

@@ -178,6 +178,7 @@ def test_metrics_labels_and_tenant_rows_stay_bounded_with_many_tenants() -> None
     assert rows[-1]["tenant"] == pages.OTHER_TENANTS and rows[-1]["tenants"] == 201 - 49
     assert {r["tenant"] for r in rows[:-1]} == {f"t{i}" for i in range(151, 200)}  # busiest
     assert abs(sum(r["share"] for r in rows) - 1.0) < 1e-9  # nothing dropped
+    assert rows[-1]["wait"]["lo"]["n"] == 151  # the rest's waits pooled (it had none)
 
 
 def test_queue_rows_stay_bounded_and_the_rest_is_summed() -> None:
