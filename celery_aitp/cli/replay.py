@@ -134,6 +134,8 @@ def _overhead_text(config: ReplayConfig) -> str:
 def execute(trace: Trace, source: str, tests: list[PolicyUnderTest], config: ReplayConfig,
             report: Path) -> ReplayResult:
     """Run the replay, print the tables and write the report."""
+    if not report.parent.is_dir():  # said before the simulation, not after it
+        fail(f"--report: {report.parent} is not a directory")
     started = time.monotonic()
     result = Replay(trace, config).run(tests)
     print_stats([r.stats for r in result.runs], result.targets)
@@ -398,12 +400,14 @@ def _unique(name: str, tests: Sequence[PolicyUnderTest]) -> str:
 
 
 def _read_model(model_dir: str) -> Any:
-    from celery_aitp.predict.bundle import ModelBundle
+    from celery_aitp.predict.bundle import ModelBundle, load_bundle
 
     try:
-        return ModelBundle.read(model_dir)
-    except AitpError as exc:
+        bundle = ModelBundle.read(model_dir)
+        load_bundle(bundle)  # a model asked for by name is refused here, not replaced by
+    except AitpError as exc:  # the cold start the producers would fall back to
         fail(f"--model: {exc}")
+    return bundle
 
 
 def _train_on_first(trace: Trace, share: float, policy: Policy) -> tuple[Any, float]:

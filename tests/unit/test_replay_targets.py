@@ -171,3 +171,23 @@ def test_replay_with_workers_for_no_class_of_the_trace_says_so(tmp_path):
                                     "--report", str(tmp_path / "r.html")])
     assert out.exit_code == 0, out.output
     assert "was lost" in out.output and "nothing to compare" in out.output
+
+
+def test_replay_refuses_a_missing_report_directory_before_it_runs(tmp_path):
+    trace = tmp_path / "cpu.jsonl"
+    write_jsonl([rec(float(i), 0.5) for i in range(50)], trace)
+    out = CliRunner().invoke(main, ["replay", str(trace), "--workers", "cpu=2",
+                                    "--report", str(tmp_path / "no" / "r.html")])
+    assert out.exit_code == 2 and "is not a directory" in out.output
+    assert "mean slowdown" not in out.output  # refused before the simulation
+
+
+def test_replay_refuses_a_model_asked_for_that_does_not_load(tmp_path, trained):
+    trace = tmp_path / "cpu.jsonl"
+    write_jsonl([rec(float(i), 0.5) for i in range(50)], trace)
+    model = Path(trained.bundle.save(tmp_path / "model"))
+    text = (model / "p50.txt").read_text()
+    (model / "p50.txt").write_text(text[: len(text) // 2])  # cut: 'end of trees' missing
+    out = CliRunner().invoke(main, ["replay", str(trace), "--workers", "cpu=2", "--model",
+                                    str(model), "--report", str(tmp_path / "r.html")])
+    assert out.exit_code == 2 and "--model: p50 model" in out.output
