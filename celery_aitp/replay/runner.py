@@ -49,6 +49,8 @@ from celery_aitp.worker.observe import record_run
 DEFAULT_OVERHEAD_S = 0.002
 #: A run that waited at least this long started as soon as a slot freed up.
 WAITED_S = 0.05
+#: Shortest publishing span (seconds) ``--load`` sizes slots from.
+MIN_LOAD_SPAN_S = 1.0
 #: Largest mean gap :func:`estimate_overhead` takes for a worker's overhead (seconds).
 MAX_OVERHEAD_S = 1.0
 
@@ -378,7 +380,11 @@ def slots_for_load(trace: Trace, load: float, default_accelerator: str = "cpu"
     the work of each class over the trace's span, over the load, rounded (at least 1)."""
     if not 0 < load < 1:
         raise ValueError(f"--load: must be between 0 and 1 (exclusive), got {load:g}")
-    span = max(trace.span_s, 1e-9)
+    if not trace.span_s >= MIN_LOAD_SPAN_S:
+        raise ValueError(f"--load: the trace's tasks are published within "
+                         f"{trace.span_s:g} s, too short a time to size slots by their "
+                         "rate (it gave billions); give --workers")
+    span = trace.span_s
     return {accel: max(1, round(w / (span * load)))
             for accel, w in sorted(_work(trace, default_accelerator).items())}
 

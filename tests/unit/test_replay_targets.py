@@ -39,6 +39,9 @@ def test_slots_are_sized_so_the_offered_load_is_the_one_asked_for():
     assert offered_load(trace, slots)["cpu"] == pytest.approx(0.85)
     with pytest.raises(ValueError, match="--load"):
         slots_for_load(trace, 1.5)
+    at_once = from_records([rec(0.0, 8.5) for _ in range(20)])  # no rate to size by
+    with pytest.raises(ValueError, match="give --workers"):
+        slots_for_load(at_once, 0.85)
 
 
 def test_short_tasks_are_the_fastest_80_percent_by_true_runtime():
