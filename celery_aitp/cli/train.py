@@ -17,6 +17,10 @@ from celery_aitp.learn.promotion import promotion_refusal
 from celery_aitp.learn.train import TrainConfig, TrainResult, train
 from celery_aitp.predict.model_store import ModelStore
 
+#: Fewest records ``--min-records`` allows: the newest 20% validate the model, and a
+#: model keeps 8 of them as check rows (with 20 to 39 it failed with an internal error).
+MIN_RECORDS_FLOOR = 40
+
 
 def train_and_promote(middleware: Any, observations: str | None, limit: int | None,
                       out: str | None, dry_run: bool, show_progress: bool = True,
@@ -53,7 +57,8 @@ def train_and_promote(middleware: Any, observations: str | None, limit: int | No
               help="Use only the newest N observations of the store.")
 @click.option("--out", type=click.Path(file_okay=False), help="Also write the model here.")
 @click.option("--dry-run", is_flag=True, help="Train and report, but do not promote.")
-@click.option("--min-records", type=click.IntRange(min=20), default=TrainConfig.min_records,
+@click.option("--min-records", type=click.IntRange(min=MIN_RECORDS_FLOOR),
+              default=TrainConfig.min_records,
               show_default=True, help="Train only with at least this many usable records.")
 @click.pass_context
 def command(ctx: click.Context, observations: str | None, limit: int | None, out: str | None,

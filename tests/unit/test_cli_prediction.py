@@ -151,3 +151,8 @@ def test_a_trainer_waits_out_a_pin_and_then_learns_from_what_came_meanwhile(
     trainer.run(rounds=1)  # the 800 runs that came while pinned are new to it still
     out = capsys.readouterr().out
     assert "no new observations" not in out and "used 1400 of 1400 records" in out
+
+
+def test_min_records_below_what_a_model_can_be_checked_with_is_refused(app):
+    out = invoke_app(app, "train", "--min-records", "20")  # failed with an internal error
+    assert out.exit_code == 2 and "--min-records" in out.output and "40" in out.output
