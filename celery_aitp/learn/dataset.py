@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from celery_aitp.jsonl import TRUNCATED, open_text
 from celery_aitp.predict.features import (
     HISTORY_DEPTH,
     KWARG_PREFIX,
@@ -254,13 +255,17 @@ class Unreadable:
 
 
 def read_jsonl(path: str | Path) -> Iterator[Any]:
-    """Records of a JSON-lines file in order; unreadable lines come out as skip markers."""
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            text = line.strip()
-            if not text:
-                continue
-            try:
-                yield json.loads(text)
-            except (ValueError, RecursionError):  # RecursionError: nested too deep
-                yield Unreadable("not JSON")
+    """Records of a JSON-lines file (``.gz`` too) in order; unreadable lines, and the cut
+    end of a damaged ``.gz``, come out as skip markers."""
+    with open_text(path) as handle:
+        try:
+            for line in handle:
+                text = line.strip()
+                if not text:
+                    continue
+                try:
+                    yield json.loads(text)
+                except (ValueError, RecursionError):  # RecursionError: nested too deep
+                    yield Unreadable("not JSON")
+        except TRUNCATED:
+            yield Unreadable("truncated file")

@@ -9,15 +9,13 @@ counted by reason, never a crash.
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
-import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from celery_aitp.jsonl import TRUNCATED, open_text
 from celery_aitp.numbers import finite_number
 
 
@@ -94,18 +92,8 @@ def from_records(raw_records: Iterable[Any], skipped: Counter[str] | None = None
     return Trace(kept, skipped)
 
 
-def _open(path: Path, mode: str) -> IO[str]:
-    """A text handle; ``.gz`` files are (de)compressed on the fly. Bytes that are not
-    UTF-8 are read as U+FFFD (the line then fails as JSON, or keeps the odd name)."""
-    errors = "replace" if mode == "r" else "strict"
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.GzipFile(path, mode + "b"), encoding="utf-8",
-                                errors=errors)
-    return path.open(mode, encoding="utf-8", errors=errors)
-
-
 def _json_lines(path: Path, skipped: Counter[str]) -> Iterator[Any]:
-    with _open(path, "r") as handle:
+    with open_text(path, "r") as handle:
         try:
             for line in handle:
                 line = line.strip()
@@ -115,7 +103,7 @@ def _json_lines(path: Path, skipped: Counter[str]) -> Iterator[Any]:
                     yield json.loads(line)
                 except (ValueError, RecursionError):  # RecursionError: nested too deep
                     skipped["not JSON"] += 1
-        except (EOFError, zlib.error):  # a cut or damaged .gz: keep what was read
+        except TRUNCATED:  # a cut or damaged .gz: keep what was read
             skipped["truncated file"] += 1
 
 
@@ -128,7 +116,7 @@ def load_jsonl(path: str | Path) -> Trace:
 def write_jsonl(records: Iterable[Mapping[str, Any]], path: str | Path) -> int:
     """Write records as JSON lines (gzip-compressed if the name ends in ``.gz``)."""
     n = 0
-    with _open(Path(path), "w") as handle:
+    with open_text(path, "w") as handle:
         for record in records:
             handle.write(json.dumps(record, default=str, separators=(",", ":")) + "\n")
             n += 1

@@ -156,3 +156,20 @@ def test_a_trainer_waits_out_a_pin_and_then_learns_from_what_came_meanwhile(
 def test_min_records_below_what_a_model_can_be_checked_with_is_refused(app):
     out = invoke_app(app, "train", "--min-records", "20")  # failed with an internal error
     assert out.exit_code == 2 and "--min-records" in out.output and "40" in out.output
+
+
+def test_train_reads_a_gzip_file_and_counts_its_cut_end(runs_file, tmp_path):
+    """replay read .jsonl.gz; train read each compressed line as 'not JSON'."""
+    import gzip
+
+    packed = tmp_path / "runs.jsonl.gz"
+    packed.write_bytes(gzip.compress(runs_file.read_bytes()))
+    result = CliRunner().invoke(main, ["train", "--observations", str(packed), "--out",
+                                       str(tmp_path / "model")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "used 1500 of 1502 records" in result.output
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])
+    result = CliRunner().invoke(main, ["train", "--observations", str(cut), "--out",
+                                       str(tmp_path / "m2")], catch_exceptions=False)
+    assert "truncated file: 1" in result.output
