@@ -31,9 +31,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from celery_aitp.jsonl import open_text  # noqa: E402
 from celery_aitp.learn import synthetic  # noqa: E402
 from celery_aitp.learn.dataset import Observation, build_dataset  # noqa: E402
-from celery_aitp.learn.swf import SwfResult, open_text, swf_records  # noqa: E402
+from celery_aitp.learn.swf import SwfResult, swf_records  # noqa: E402
 from celery_aitp.learn.train import TrainConfig, bundle_seconds, train  # noqa: E402
 from celery_aitp.predict.features import HISTORY_FEATURES  # noqa: E402
 

@@ -7,11 +7,13 @@ The output is what ``celery-aitp train --observations``, ``celery-aitp predict``
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
 from celery_aitp.cli.output import fail
-from celery_aitp.learn.swf import SwfResult, open_text, swf_records
+from celery_aitp.jsonl import TRUNCATED, open_text
+from celery_aitp.learn.swf import SwfResult, swf_records
 
 
 @click.command("import-swf")
@@ -23,10 +25,13 @@ from celery_aitp.learn.swf import SwfResult, open_text, swf_records
 def command(trace: str, out: str, start: float | None) -> None:
     """Convert a Standard Workload Format (SWF) job log into observation records."""
     result = SwfResult()
+    partial = Path(f"{out}.part")  # renamed when whole: a failed run leaves no half file
     try:
-        with open_text(trace) as source, open(out, "w", encoding="utf-8") as sink:
+        with open_text(trace) as source, open(partial, "w", encoding="utf-8") as sink:
             for record in swf_records(source, result, start):
                 sink.write(json.dumps(record, separators=(",", ":")) + "\n")
-    except (OSError, EOFError) as exc:  # unreadable, or a cut/damaged .gz
+        partial.replace(out)
+    except (OSError, *TRUNCATED) as exc:  # unreadable, or a cut/damaged .gz
+        partial.unlink(missing_ok=True)
         fail(f"cannot convert {trace}: {exc}")
     click.echo(result.summary())

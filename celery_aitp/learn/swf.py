@@ -25,13 +25,10 @@ that are not 18 numbers are skipped and counted by reason.
 
 from __future__ import annotations
 
-import gzip
-import io
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from celery_aitp.predict.features import argument_features
 
@@ -62,14 +59,6 @@ class SwfResult:
         if self.start is None:
             line += f"; no UnixStartTime in the header, times start at {DEFAULT_START:.0f}"
         return line
-
-
-def open_text(path: str | Path) -> IO[str]:
-    """A text handle on a plain or gzipped file (bytes that are not UTF-8 are replaced)."""
-    path = Path(path)
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
-    return path.open(encoding="utf-8", errors="replace")
 
 
 def _known(value: float) -> bool:

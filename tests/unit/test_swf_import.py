@@ -99,3 +99,4 @@ def test_damaged_gzip_is_a_clear_error(tmp_path: Path):
     run = CliRunner().invoke(main, ["import-swf", str(trace), "--out", str(tmp_path / "o")])
     assert run.exit_code == 2
     assert "cannot convert" in run.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.swf.gz"]  # no half file
