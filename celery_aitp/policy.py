@@ -436,8 +436,10 @@ class Policy(_Model):
         ]
         problems += [
             f"split.tenants: unknown tenant {t!r}"
-            for t in self.split.tenants
+            for t in self.split.tenants  # unlisted ones count, when the policy takes them
             if t not in self.tenants
+            and not (self.unlisted_tenants is not None and NAME_PATTERN.match(t)
+                     and t not in self.tenant_classes)
         ]
         problems += [
             f"spill.alternatives.{cls}: unknown accelerator class {alt!r}"

@@ -25,7 +25,7 @@ from typing import Any
 
 from celery_aitp.core.view import stage_from_doc
 from celery_aitp.errors import PolicyError
-from celery_aitp.policy import Policy, SplitSettings, Stage
+from celery_aitp.policy import Policy, SplitSettings, Stage, TenantNames
 from celery_aitp.store.redis_store import ANY
 from celery_aitp.worker.janitor import Janitor
 
@@ -48,9 +48,14 @@ def stage_doc(stage: Stage, split: SplitSettings) -> dict[str, Any]:
 
 
 def check_split(split: SplitSettings, policy: Policy) -> SplitSettings:
-    """``split`` if its tenants and tiers exist in the policy; PolicyError naming them if not."""
-    problems = [f"unknown tenant {t!r} (tenants: {', '.join(policy.tenants)})"
-                for t in split.tenants if t not in policy.tenants]
+    """``split`` if its tenants and tiers exist in the policy (a tenant nobody lists
+    counts, with ``unlisted_tenants``: a canary of one customer); PolicyError naming them
+    if not."""
+    names = TenantNames(policy)
+    problems = [f"unknown tenant {t!r} (tenants: {', '.join(policy.tenants)}"
+                + ("; a tenant class is not a tenant: select its tenants" if t in
+                   policy.tenant_classes else "") + ")"
+                for t in split.tenants if t not in names or t in policy.tenant_classes]
     problems += [f"unknown tier {t!r} (tiers: {', '.join(policy.tier_names)})"
                  for t in split.tiers if t not in policy.tier_names]
     if problems:

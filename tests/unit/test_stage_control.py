@@ -243,3 +243,22 @@ def test_evacuate_takes_a_logical_tier_queue_name_on_rabbitmq_too(app, fast, mon
     out = cli(app, "evacuate", "--queue", "aitp.acme.cpu.hi", "--queue", "aitp.acme.cpu")
     assert out.exit_code == 0, out.output
     assert moved == [("aitp.acme.cpu.hi", "aitp.acme.cpu")]
+
+
+def test_a_split_may_select_a_tenant_nobody_lists_when_the_policy_takes_them():
+    """A canary of one customer among thousands of unlisted ones; a class is refused with
+    the reason (its tenants carry their own names)."""
+    from celery_aitp.migration.control import check_split
+    from celery_aitp.policy import parse_policy
+    from tests.conftest import TEST_POLICY
+
+    open_policy = parse_policy({**TEST_POLICY, "tenant_classes": {"std": {}},
+                                "unlisted_tenants": "std"})
+    canary = SplitSettings(percent=100, tenants=("cust001",))
+    assert check_split(canary, open_policy) == canary
+    with pytest.raises(PolicyError, match="unknown tenant 'cust001'"):
+        check_split(canary, parse_policy(TEST_POLICY))  # the policy takes none
+    with pytest.raises(PolicyError, match="a tenant class is not a tenant"):
+        check_split(SplitSettings(percent=5, tenants=("std",)), open_policy)
+    assert parse_policy({**TEST_POLICY, "tenant_classes": {"std": {}},
+                         "unlisted_tenants": "std", "split": {"tenants": ["cust001"]}})
