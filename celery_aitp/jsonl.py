@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, NamedTuple
 
 #: What reading a cut or damaged ``.gz`` raises part way (what was read before stands).
 TRUNCATED = (EOFError, zlib.error)
@@ -26,3 +28,27 @@ def open_text(path: str | Path, mode: str = "r") -> IO[str]:
         return io.TextIOWrapper(gzip.GzipFile(path, mode + "b"), encoding="utf-8",
                                 errors=errors)
     return path.open(mode, encoding="utf-8", errors=errors)
+
+
+class Skipped(NamedTuple):
+    """What :func:`json_lines` gives for a line that holds no JSON value (``not JSON``),
+    or for the cut end of a damaged ``.gz`` (``truncated file``)."""
+
+    reason: str
+
+
+def json_lines(path: str | Path) -> Iterator[Any]:
+    """Each non-blank line's JSON value in order, or :class:`Skipped` with the reason;
+    never raises for what the file holds."""
+    with open_text(path) as handle:
+        try:
+            for line in handle:
+                text = line.strip()
+                if not text:
+                    continue
+                try:
+                    yield json.loads(text)
+                except (ValueError, RecursionError):  # RecursionError: nested too deep
+                    yield Skipped("not JSON")
+        except TRUNCATED:  # a cut or damaged .gz: what was read stands
+            yield Skipped("truncated file")

@@ -13,14 +13,13 @@ task was published.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from celery_aitp.jsonl import TRUNCATED, open_text
+from celery_aitp.jsonl import Skipped, json_lines
 from celery_aitp.predict.features import (
     HISTORY_DEPTH,
     KWARG_PREFIX,
@@ -257,15 +256,5 @@ class Unreadable:
 def read_jsonl(path: str | Path) -> Iterator[Any]:
     """Records of a JSON-lines file (``.gz`` too) in order; unreadable lines, and the cut
     end of a damaged ``.gz``, come out as skip markers."""
-    with open_text(path) as handle:
-        try:
-            for line in handle:
-                text = line.strip()
-                if not text:
-                    continue
-                try:
-                    yield json.loads(text)
-                except (ValueError, RecursionError):  # RecursionError: nested too deep
-                    yield Unreadable("not JSON")
-        except TRUNCATED:
-            yield Unreadable("truncated file")
+    for value in json_lines(path):
+        yield Unreadable(value.reason) if isinstance(value, Skipped) else value

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from celery_aitp.jsonl import TRUNCATED, open_text
+from celery_aitp.jsonl import Skipped, json_lines, open_text
 from celery_aitp.numbers import finite_number
 
 
@@ -93,18 +93,11 @@ def from_records(raw_records: Iterable[Any], skipped: Counter[str] | None = None
 
 
 def _json_lines(path: Path, skipped: Counter[str]) -> Iterator[Any]:
-    with open_text(path, "r") as handle:
-        try:
-            for line in handle:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    yield json.loads(line)
-                except (ValueError, RecursionError):  # RecursionError: nested too deep
-                    skipped["not JSON"] += 1
-        except TRUNCATED:  # a cut or damaged .gz: keep what was read
-            skipped["truncated file"] += 1
+    for value in json_lines(path):
+        if isinstance(value, Skipped):
+            skipped[value.reason] += 1
+        else:
+            yield value
 
 
 def load_jsonl(path: str | Path) -> Trace:
