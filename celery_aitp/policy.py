@@ -47,12 +47,14 @@ class Stage(str, Enum):
     TAKEOVER = "takeover"  # route everything; the default queue serves only fallbacks
 
 
+#: What :data:`NAME_PATTERN` allows, in words (for error and log messages).
+NAME_RULE = ("lower-case letters, digits, '_' or '-', at most 32 characters, starting with "
+             "a letter or digit")
+
+
 def _check_name(value: str) -> str:
     if not NAME_PATTERN.match(value):
-        raise ValueError(
-            f"{value!r} is not a valid name (lower-case letters, digits, '_' or '-', "
-            "at most 32 characters, starting with a letter or digit)"
-        )
+        raise ValueError(f"{value!r} is not a valid name ({NAME_RULE})")
     return value
 
 
@@ -437,9 +439,7 @@ class Policy(_Model):
         problems += [
             f"split.tenants: unknown tenant {t!r}"
             for t in self.split.tenants  # unlisted ones count, when the policy takes them
-            if t not in self.tenants
-            and not (self.unlisted_tenants is not None and NAME_PATTERN.match(t)
-                     and t not in self.tenant_classes)
+            if t not in TenantNames(self)
         ]
         problems += [
             f"spill.alternatives.{cls}: unknown accelerator class {alt!r}"
@@ -541,11 +541,15 @@ class TenantNames:
     def __init__(self, policy: Policy) -> None:
         self.listed = frozenset(policy.tenants)
         self.open = policy.unlisted_tenants is not None
+        #: A class's name is never a tenant's (a listed tenant may not take one either):
+        #: its queues, counters and metric labels are the class's.
+        self.classes = frozenset(policy.tenant_classes)
 
     def __contains__(self, name: object) -> bool:
         if name in self.listed:
             return True
-        return self.open and isinstance(name, str) and NAME_PATTERN.match(name) is not None
+        return self.open and isinstance(name, str) and name not in self.classes \
+            and NAME_PATTERN.match(name) is not None
 
 
 @functools.lru_cache(maxsize=256)

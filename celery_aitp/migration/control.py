@@ -55,7 +55,7 @@ def check_split(split: SplitSettings, policy: Policy) -> SplitSettings:
     problems = [f"unknown tenant {t!r} (tenants: {', '.join(policy.tenants)}"
                 + ("; a tenant class is not a tenant: select its tenants" if t in
                    policy.tenant_classes else "") + ")"
-                for t in split.tenants if t not in names or t in policy.tenant_classes]
+                for t in split.tenants if t not in names]
     problems += [f"unknown tier {t!r} (tiers: {', '.join(policy.tier_names)})"
                  for t in split.tiers if t not in policy.tier_names]
     if problems:

@@ -7,7 +7,7 @@ from typing import Any
 
 from celery_aitp.core.request import Decision, Request
 from celery_aitp.core.view import View
-from celery_aitp.policy import NAME_PATTERN, Policy, TenantNames
+from celery_aitp.policy import NAME_PATTERN, NAME_RULE, Policy, TenantNames
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +73,7 @@ class TenantStage:
 
     def _why_unknown(self, raw: Any) -> str:
         if isinstance(raw, str) and NAME_PATTERN.match(raw) is None:
-            return ("which is not a valid tenant name (lower-case letters, digits, '_' or "
-                    "'-', at most 32 characters, starting with a letter or digit)")
+            return f"which is not a valid tenant name ({NAME_RULE})"
         return ("which the policy does not list; to give tenants nobody lists a fair share "
                 "of their own, set unlisted_tenants to a tenant class (docs/scale.md)")
 

@@ -434,3 +434,10 @@ def test_on_rabbitmq_a_lane_is_the_level_below_the_lowest_tier_in_its_class_queu
         is None  # younger than the lowest tier's promotion age: stays
     assert Selector(ages, target, now=1000.0).decide(0, header(1000.0 - lowest_age - 1)) \
         == target  # older: raised to the class's top priority
+
+
+def test_a_class_name_is_never_taken_for_an_unlisted_tenant() -> None:
+    """Its queues, counters and metric labels are the class's: a header naming it, or a
+    split selecting it, would have mixed a tenant into them."""
+    names = TenantNames(POLICY)
+    assert "newco" in names and "std" not in names and "closed" not in names
