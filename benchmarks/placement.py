@@ -253,8 +253,7 @@ class Bench:
         self.client = redis.Redis.from_url(self.store)
         self.tag = f"aitp-place-{os.getpid()}-{workload}"
         parsed = load_policy(policy_with(policy))
-        self.tier_queues = policy_queues(parsed.queue_owners(), parsed.tenant_classes,
-                                         parsed.accelerators, parsed.tier_names)
+        self.tier_queues = policy_queues(parsed)
         self.cpu_queues = {q for q in self.tier_queues if q.split(".")[2] == "cpu"}
         self.notes: list[str] = []
         self.raw: dict[str, list[dict[str, Any]]] = {}  # per run, per task (--raw)

@@ -13,7 +13,10 @@ where the messages physically wait is :mod:`celery_aitp.layout`'s business.
 from __future__ import annotations
 
 from collections.abc import Container, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from celery_aitp.policy import Policy
 
 PREFIX = "aitp"
 #: Suffix of an over-share lane's owner: ``<class>~over``.
@@ -79,10 +82,9 @@ def served_queues(owners: Sequence[str], classes: Container[str], accelerator: s
         lanes, [accelerator], tiers)
 
 
-def policy_queues(owners: Iterable[str], classes: Iterable[str], accelerators: Iterable[str],
-                  tiers: Sequence[str]) -> list[str]:
-    """Every tier queue a policy can produce: owners' queues, then the classes' lanes
-    (``classes x accelerators x tiers`` more)."""
-    accelerators = list(accelerators)
-    return all_tier_queues(owners, accelerators, tiers) + lane_queues(classes, accelerators,
-                                                                      tiers)
+def policy_queues(policy: Policy) -> list[str]:
+    """Every tier queue a policy can produce: its queue owners' queues, then the classes'
+    lanes (``classes x accelerators x tiers`` more)."""
+    accelerators, tiers = list(policy.accelerators), policy.tier_names
+    return all_tier_queues(policy.queue_owners(), accelerators, tiers) + \
+        lane_queues(policy.tenant_classes, accelerators, tiers)

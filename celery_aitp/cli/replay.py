@@ -21,7 +21,7 @@ from celery_aitp.cli.training import parse_duration, print_result
 from celery_aitp.errors import AitpError
 from celery_aitp.extras import require
 from celery_aitp.policy import Policy
-from celery_aitp.replay.metrics import RunStats, Target
+from celery_aitp.replay.metrics import RunStats, Target, ran
 from celery_aitp.replay.report import RunSeries, html_report
 from celery_aitp.replay.routers import Declarations, recorded_declarations
 from celery_aitp.replay.runner import (
@@ -62,7 +62,7 @@ def print_stats(stats: Sequence[RunStats], found: Sequence[Target]) -> None:
           [(st.run, st.jain, st.lost) for st in stats])
     if len(tenants) > MAX_TENANT_ROWS:
         console.print(f"{len(tenants)} tenants: their rows are in the HTML report")
-    lost_all = [st.run for st in stats if st.group("all", "all") is None]
+    lost_all = [st.run for st in stats if not ran(st)]
     if lost_all:
         console.print(f"[yellow]every task of {', '.join(lost_all)} was lost[/yellow]: no "
                       "worker reads the class its tasks went to (see --workers); nothing "

@@ -202,9 +202,7 @@ class Fleet:
         self._snapshot: Snapshot | None = None
         #: Background builds started (a stale snapshot answered meanwhile).
         self.background_builds = 0
-        self.known_queues = [default_queue] + policy_queues(
-            policy.queue_owners(), policy.tenant_classes, policy.accelerators,
-            policy.tier_names)
+        self.known_queues = [default_queue] + policy_queues(policy)
         self._known_set = frozenset(self.known_queues)
 
     def snapshot(self, max_age_s: float | None = None) -> Snapshot:

@@ -37,16 +37,17 @@ def decision_breakdown(counts: Mapping[str, int]) -> dict[str, Any]:
         if parsed is not None and n > 0:
             by_reason[parsed["reason"]] += n
     total = sum(by_reason.values())
-    routed = by_reason.get("routed", 0)
-    explicit = sum(n for reason, n in by_reason.items()
-                   if decision_outcome(reason) == "explicit")
+    outcomes: Counter[str] = Counter()
+    for reason, n in by_reason.items():
+        outcomes[decision_outcome(reason)] += n
+    routed = outcomes["routed"]
     reasons = [
         {"reason": reason, "count": n, "share": n / total if total else 0.0,
          "routed": reason == "routed", "error": reason.startswith("error:")}
         for reason, n in by_reason.most_common()
     ]
-    return {"total": total, "routed": routed, "explicit": explicit,
-            "fallback": total - routed - explicit,
+    return {"total": total, "routed": routed, "explicit": outcomes["explicit"],
+            "fallback": outcomes["fallback"],
             "routed_share": routed / total if total else None, "reasons": reasons}
 
 

@@ -284,9 +284,8 @@ class Replay:
             found = size_targets(fifo_stats, runs[0].stats, oracle_stats)
         else:
             found = targets(fifo_stats, runs[0].stats, oracle_stats, order)
-        cold = cold_start_target(fifo_stats, by_kind["cold"].stats) if "cold" in by_kind \
-            else None
-        if cold is not None:
+        if "cold" in by_kind and (cold := cold_start_target(
+                fifo_stats, by_kind["cold"].stats)) is not None:
             found.append(cold)
         return ReplayResult(self.trace, dict(self.config.slots), runs, found, order, sla)
 

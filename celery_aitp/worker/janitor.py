@@ -85,9 +85,7 @@ class Janitor(BrokerQueuePass):
     def known_queues(self) -> list[str]:
         """Every logical tier queue the policy can produce, the classes' over-share
         lanes included."""
-        policy = self.middleware.policy
-        return policy_queues(policy.queue_owners(), policy.tenant_classes, policy.accelerators,
-                             policy.tier_names)
+        return policy_queues(self.middleware.policy)
 
     def former_queues(self) -> list[str]:
         """Queues of their own of listed tenants that now share a class's: nothing routes
@@ -127,14 +125,10 @@ class Janitor(BrokerQueuePass):
         if digest not in cache:
             document = entry.get("policy")
             try:
-                if not isinstance(document, dict):
-                    raise PolicyError("no policy document")
-                policy = parse_policy(document)
-            except (PolicyError, TypeError, ValueError):
+                cache[digest] = policy_queues(parse_policy(document)) \
+                    if isinstance(document, dict) else []
+            except PolicyError:
                 cache[digest] = []
-            else:
-                cache[digest] = policy_queues(policy.queue_owners(), policy.tenant_classes,
-                                              policy.accelerators, policy.tier_names)
         return cache[digest]
 
     def evacuate(self, queues: Iterable[str]) -> dict[str, int]:
