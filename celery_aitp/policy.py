@@ -32,9 +32,9 @@ from celery_aitp.priority_policy import (
 )
 
 #: Names that end up inside queue names: keep them short and broker-safe.
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
 #: Business-impact label names (they never end up in queue names, but stay tidy).
-LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
 #: Default ratio between the read weights of neighbouring tiers (see ``tier_weights``).
 TIER_WEIGHT_RATIO = 8.0
 

@@ -26,7 +26,7 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 #: uvicorn's default: only a proxy on the same host is trusted.
 DEFAULT_FORWARDED_ALLOW_IPS = ("127.0.0.1",)
 TRUST_ANY = "*"
-_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an RFC 9110 token
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+\Z")  # an RFC 9110 token
 #: Headers a proxy may not use to name the user: the client or the server sets them.
 _RESERVED_HEADERS = frozenset({"authorization", "cookie", "host", "origin", "referer",
                                "content-type", "content-length", "x-forwarded-for",

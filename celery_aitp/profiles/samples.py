@@ -10,7 +10,7 @@ from celery_aitp.numbers import finite_number
 from celery_aitp.profiles.histogram import bucket_of
 from celery_aitp.profiles.profile import ACCEL, FAMILIES
 
-_CLASS = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_CLASS = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
 
 
 def _number(value: Any) -> float | None:

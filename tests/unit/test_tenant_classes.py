@@ -87,6 +87,16 @@ def test_without_unlisted_tenants_or_with_an_untrusted_class_they_get_the_defaul
     assert (invalid.tenant, invalid.notes) == ("default", ["tenant_unknown"])
 
 
+def test_a_name_with_a_trailing_newline_is_no_tenant_and_no_policy_name() -> None:
+    """``$`` also matches before a final newline: ``acme\\n`` became a look-alike tenant of
+    its own beside ``acme`` (records, labels, inherited by sub-tasks)."""
+    for name in ("acme\n", "newco\n", "default\n"):
+        found = decide(POLICY, name)
+        assert (found.tenant, found.notes) == ("default", ["tenant_unknown"])
+    with pytest.raises(PolicyError, match="'acme\\\\n' is not a valid name"):
+        parse_policy({**TEST_POLICY, "tenants": {"default": {}, "acme\n": {}}})
+
+
 def test_without_a_live_worker_for_the_class_the_task_falls_back() -> None:
     alone = decide(POLICY, "newco", live=frozenset({"aitp.acme.cpu.lo"}))
     assert not alone.routed and alone.reason == "no_live_worker"
