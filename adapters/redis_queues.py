@@ -26,7 +26,9 @@ BATCH = 500
 # Moves up to ARGV[3] messages from KEYS[1] to KEYS[2], newest first onto the consuming
 # end, so they keep their order and are served before the destination's own backlog.
 # The routing key recorded in each message is rewritten, so a retry or a redelivery
-# of a moved task follows it instead of going back to the orphaned queue.
+# of a moved task follows it instead of going back to the orphaned queue: the *last*
+# match, the one in ``properties.delivery_info``, which kombu writes after the user's
+# headers (a header holding the same text is left as it was).
 _MOVE = """
 local moved = 0
 local limit = tonumber(ARGV[3])
@@ -34,6 +36,11 @@ while moved < limit do
   local item = redis.call('LPOP', KEYS[1])
   if not item then break end
   local s, e = string.find(item, ARGV[1], 1, true)
+  while s do
+    local s2, e2 = string.find(item, ARGV[1], e + 1, true)
+    if not s2 then break end
+    s, e = s2, e2
+  end
   if s then item = string.sub(item, 1, s - 1) .. ARGV[2] .. string.sub(item, e + 1) end
   redis.call('RPUSH', KEYS[2], item)
   moved = moved + 1

@@ -67,7 +67,9 @@ def publish(case: dict[str, Any], n: int) -> list[str]:
             logical = f"aitp.ops{tag}.cpu.{('hi', 'mid', 'lo')[i % 3]}"
             result = app.send_task("ops.task", args=(i,), queue=queue, producer=producer,
                                    priority=layout.priority(logical),
-                                   headers={"aitp": {"queue": logical}})
+                                   headers={"aitp": {"queue": logical},
+                                            # a header of the user's quoting the route
+                                            "trace": {"routing_key": case["source"]}})
             ids.append(result.id)
     return ids
 
@@ -104,6 +106,8 @@ def test_move_all_moves_every_message_once_keeping_headers_and_priority(case):
     moved = drain(case, default)
     assert sorted(m.headers["id"] for m in moved) == sorted(ids)  # each exactly once
     assert all(m.delivery_info["routing_key"] == default for m in moved)
+    # the route is rewritten where kombu keeps it, not in a header that quotes it
+    assert all(m.headers["trace"] == {"routing_key": source} for m in moved)
     assert all(m.headers["task"] == "ops.task" and read_header(m.headers["aitp"])[
         "queue"].startswith("aitp.ops") for m in moved)
     if case["driver"] == "amqp":  # taken highest priority first, and the priority is kept
