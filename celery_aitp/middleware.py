@@ -20,7 +20,12 @@ from celery_aitp.core.view import View
 from celery_aitp.deployment import Deployment
 from celery_aitp.errors import PolicyError
 from celery_aitp.layout import Layout
-from celery_aitp.publish.annotate import EXPLICIT_FALLBACKS, Annotator, queue_name
+from celery_aitp.publish.annotate import (
+    EXPLICIT_FALLBACKS,
+    Annotator,
+    caller_headers,
+    queue_name,
+)
 from celery_aitp.publish.caller_priority import keeps_celery_route
 from celery_aitp.publish.hook import AUTO_ROUTE
 from celery_aitp.publish.live_view import LiveView
@@ -127,6 +132,12 @@ class Middleware(Deployment):
             decision = Decision("unknown", now, name, _task_id(message)).fall_back(
                 "config_error")
             self._report_config_error(exc)
+            # Celery's route as it is; no annotator (its layout and queues come from
+            # the policy, which may be what is wrong): the header and the count only
+            options["headers"] = {**(caller_headers(options.get("headers")) or {}),
+                                  "aitp": decision.header()}
+            self.counters.incr(decision.counter())
+            return options
         except Exception as exc:
             decision = Decision("unknown", now, name, _task_id(message)).fall_back(
                 f"error:{type(exc).__name__}")

@@ -151,7 +151,7 @@ class Annotator:
     def _headers(self, options: dict[str, Any], task: str) -> dict[str, Any]:
         """A copy of the caller's headers to add ours to (replaced if unusable)."""
         raw = options.get("headers")
-        headers = raw.copy() if type(raw) is dict else _caller_headers(raw)
+        headers = raw.copy() if type(raw) is dict else caller_headers(raw)
         if headers is None:  # not a mapping, or one that cannot be read: replaced
             self.counters.incr("rejected:headers")
             reported = self._bad_headers_reported
@@ -164,7 +164,7 @@ class Annotator:
         return headers
 
 
-def _caller_headers(raw: Any) -> dict[str, Any] | None:
+def caller_headers(raw: Any) -> dict[str, Any] | None:
     """A copy of the caller's headers (theirs is never changed); None if unusable."""
     if raw is None:
         return {}

@@ -99,8 +99,8 @@ def checked_header(raw: Mapping[str, Any], tenants: Any) -> tuple[dict[str, Any]
     bad: list[str] = []
     for name in _TEXT_FIELDS:
         value = raw.get(name)
-        if value is None:
-            continue
+        if value is None or (value == "" and name == "tenant"):
+            continue  # no tenant: a misconfigured producer's header (config_error)
         if type(value) is str and len(value) <= MAX_HEADER_TEXT and (
                 name != "tenant" or value in tenants):
             out[name] = value

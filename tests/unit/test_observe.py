@@ -105,3 +105,12 @@ def test_header_numbers_out_of_range_are_rejected_without_raising():
         kept, bad = checked_header({"decided_at": odd, "tenant": "acme"}, {"acme"})
         assert kept == {"tenant": "acme"} and bad == ["decided_at"], odd
     assert checked_header({"decided_at": 12.5}, {"acme"}) == ({"decided_at": 12.5}, [])
+
+
+def test_a_header_without_a_tenant_is_not_a_rejected_one():
+    """A misconfigured producer's header (config_error) names no tenant: nothing forged."""
+    from celery_aitp.worker.observe import checked_header
+
+    assert checked_header({"tenant": "", "reason": "config_error"}, {"acme"}) == (
+        {"reason": "config_error"}, [])
+    assert checked_header({"tenant": "ghost"}, {"acme"}) == ({}, ["tenant"])

@@ -111,6 +111,23 @@ def test_rabbitmq_without_a_store_url_falls_back_and_is_reported_once(caplog):
     assert mw.counters.totals["decisions:unknown::::config_error"] == 2
 
 
+def test_a_missing_policy_file_still_gives_every_message_its_header_logged_once(
+        caplog, tmp_path):
+    """The annotator's layout and queues come from the policy: with the file missing it
+    could not be built, and every publish went out without a header, with an ERROR."""
+    app = Celery("nopolicy", broker="memory://")
+    app.conf.aitp_policy = str(tmp_path / "missing.yaml")
+    mw = celery_aitp.install(app, store_url="redis://127.0.0.1:1/0")
+    with caplog.at_level("WARNING", logger="celery_aitp"):
+        sent = [mw.on_publish("x", _message(i), {"headers": {"mine": 1}, "queue": "q"})
+                for i in "abc"]
+    for options in sent:
+        assert read_header(options["headers"]["aitp"])["reason"] == "config_error"
+        assert options["headers"]["mine"] == 1 and options["queue"] == "q"  # Celery's route
+    assert len(caplog.records) == 1 and "missing.yaml" in caplog.records[0].getMessage()
+    assert mw.counters.totals["decisions:unknown::::config_error"] == 3
+
+
 def test_a_tier_worker_refuses_to_start_on_rabbitmq_without_a_store_url():
     app = Celery("nostore", broker="amqp://guest:guest@127.0.0.1:1//")
     celery_aitp.install(app, policy=TEST_POLICY)
