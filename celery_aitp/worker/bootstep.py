@@ -21,7 +21,7 @@ from celery import bootsteps
 from celery_aitp.deployment import store_url_for
 from celery_aitp.errors import PolicyError, StoreError
 from celery_aitp.layout import physical_groups
-from celery_aitp.policy import Policy
+from celery_aitp.policy import Policy, parse_policy
 from celery_aitp.queues import queues_of_tier, served_queues
 from celery_aitp.redact import redact
 from celery_aitp.scheduling.feedback import FeedbackPass
@@ -169,12 +169,25 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         super().__init__(worker, **kwargs)
         app = worker.app
         self.middleware = app.aitp
-        self.middleware.adopt_active_policy()  # a restart plans from the applied policy
-        policy = self.middleware.policy  # raises PolicyError: the worker refuses to start
+        flagged = aitp_tenant is not None or aitp_accelerator is not None or \
+            aitp_tiers is not None or aitp_no_default_queue or aitp_express
+        try:
+            self.middleware.adopt_active_policy()  # a restart plans from the applied policy
+            policy = self.middleware.policy
+        except PolicyError as exc:
+            if flagged:  # it cannot serve tiers it cannot name
+                raise WorkerRefused(str(exc)) from None
+            # A standard worker serves the default queue, where every producer with the
+            # same broken policy sends its tasks (config_error): it runs, without AITP.
+            logger.error("aitp: %s; this worker serves Celery's queues without AITP",
+                         redact(exc))
+            policy, self.runs_aitp = parse_policy({}), False
+        else:
+            self.runs_aitp = True
         try:
             self.plan = WorkerPlan(policy, aitp_tenant, aitp_accelerator, aitp_tiers,
                                    aitp_no_default_queue, aitp_express)
-            self.store_configured = self._check_store(app)
+            self.runs_aitp = self.runs_aitp and self._check_store(app)
             if self.plan.enabled:
                 refuse_quorum_queues(app, self.middleware.broker_driver)
                 refuse_express_on_amqp(self.plan, self.middleware.broker_driver)
@@ -264,7 +277,7 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         from celery_aitp.worker.janitor import Janitor
 
         self._stop.clear()
-        if not self.store_configured:
+        if not self.runs_aitp:
             return
         try:  # this process's counters (e.g. 'evacuated') are shipped by its live view
             self.middleware.live.current()

@@ -296,14 +296,14 @@ def test_every_worker_runs_aging_on_rabbitmq_and_none_on_redis(app) -> None:
 
     worker = SimpleNamespace(app=app, hostname="w@test")
     step = AitpWorkerStep(worker)
-    step.store_configured = True  # the unit store is given directly, not by URL
+    step.runs_aitp = True  # the unit store is given directly, not by URL
     step.start(worker)
     assert "aitp-janitor" in [t.name for t in step._threads]
     assert "aitp-aging" not in [t.name for t in step._threads]  # memory:// (like Redis)
     step.stop(worker)
     app.aitp.broker_driver = "amqp"
     step = AitpWorkerStep(worker)
-    step.store_configured = True
+    step.runs_aitp = True
     step.start(worker)
     assert "aitp-aging" in [t.name for t in step._threads]
     step.stop(worker)

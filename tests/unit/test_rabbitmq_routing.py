@@ -143,9 +143,27 @@ def test_a_standard_worker_keeps_running_without_a_store_url(caplog):
     with caplog.at_level("ERROR", logger="celery_aitp.worker.bootstep"):
         step = AitpWorkerStep(worker)
         step.start(worker)  # no janitor, no live view: nothing to connect to
-    assert step.store_configured is False and step._threads == []
+    assert step.runs_aitp is False and step._threads == []
     assert "aitp_store_url" in caplog.text and "without the janitor" in caplog.text
     step.stop(worker)
+
+
+def test_a_standard_worker_runs_with_a_broken_policy_and_a_flagged_one_refuses(
+        caplog, tmp_path):
+    """Producers with the same broken policy send every task on Celery's route: the
+    workers without AITP flags must keep serving it, not refuse to start."""
+    app = Celery("nopolicy", broker="memory://")
+    app.conf.aitp_policy = str(tmp_path / "missing.yaml")
+    celery_aitp.install(app, store_url="redis://127.0.0.1:1/0")
+    worker = SimpleNamespace(app=app, hostname="w@test")
+    with caplog.at_level("ERROR", logger="celery_aitp.worker.bootstep"):
+        step = AitpWorkerStep(worker)
+        step.start(worker)
+    assert step.runs_aitp is False and step._threads == [] and not step.plan.enabled
+    assert "missing.yaml" in caplog.text and "without AITP" in caplog.text
+    step.stop(worker)
+    with pytest.raises(PolicyError, match="missing.yaml"):
+        AitpWorkerStep(worker, aitp_tenant=("acme",))
 
 
 def test_dashboard_shows_one_row_per_rabbitmq_queue_with_its_depth(store):
