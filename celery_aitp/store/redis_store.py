@@ -82,15 +82,23 @@ class RedisStore:
     def advertise(
         self, worker: str, queues: Iterable[str], info: Mapping[str, Any], ttl_s: float
     ) -> None:
-        """Declare that ``worker`` consumes ``queues`` for the next ``ttl_s`` seconds."""
+        """Declare that ``worker`` consumes ``queues`` for the next ``ttl_s`` seconds, and
+        no longer the queues it advertised before and left out now (at once, not when
+        their advertisement expires)."""
         now = time.time()
         expiry = now + ttl_s
         members: dict[str, float] = {f"{q}|{worker}": expiry for q in queues}
         queue_names = sorted(str(m).rsplit("|", 1)[0] for m in members)
         doc = json.dumps({**info, "worker": worker, "heartbeat": now, "queues": queue_names})
         with translated_errors():
+            before = _json_or_none(self.client.hget(self.keys.workers, worker))
+            left = before.get("queues") if isinstance(before, dict) else None
+            gone = [f"{q}|{worker}" for q in left if isinstance(q, str)
+                    and f"{q}|{worker}" not in members] if isinstance(left, list) else []
             pipe = self.client.pipeline(transaction=False)
             pipe.zremrangebyscore(self.keys.consumers, "-inf", now)
+            if gone:
+                pipe.zrem(self.keys.consumers, *gone)
             if members:
                 pipe.zadd(self.keys.consumers, members)
             pipe.hset(self.keys.workers, worker, doc)

@@ -344,13 +344,28 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         period = settings.worker_ttl_s / 3
         while True:
             try:
-                self.middleware.store.advertise(self.hostname, self.plan.queue_names(), info,
-                                                settings.worker_ttl_s)
+                self.advertise(info)
                 self._follow_express()
             except StoreError as exc:
                 logger.warning("aitp: advertisement failed: %s", redact(exc))
             if self._stop.wait(period):
                 return
+
+    def advertise(self, info: dict[str, Any]) -> None:
+        """Say which tier queues this worker reads, for the next ``worker_ttl_s``."""
+        settings = self.middleware.settings
+        self.middleware.store.advertise(self.hostname, self.served_queues(), info,
+                                        settings.worker_ttl_s)
+
+    def served_queues(self) -> list[str]:
+        """The planned tier queues this worker still reads.
+
+        ``celery control cancel_consumer`` takes a queue away at run time: still
+        advertised, it looked served, so producers kept routing to it and the janitor
+        left its tasks there for good."""
+        consumed = self.middleware.app.amqp.queues.consume_from
+        physical = self.middleware.layout.physical
+        return [q for q in self.plan.queue_names() if physical(q) in consumed]
 
     def _follow_express(self) -> None:
         """Let the reserve stand aside while an express worker reads this worker's top

@@ -186,6 +186,24 @@ def test_a_worker_restarted_after_an_apply_plans_its_queues_from_the_applied_pol
     assert {"aitp.newco.cpu.hi", "aitp.newco.cpu.lo"} <= set(step.plan.queue_names())
 
 
+def test_a_worker_stops_advertising_a_queue_it_no_longer_reads(app, store, monkeypatch):
+    """``celery control cancel_consumer`` deselects a queue at run time; still advertised,
+    producers routed to it and the janitor left its tasks there."""
+    from types import SimpleNamespace
+
+    from celery_aitp.worker.bootstep import AitpWorkerStep
+
+    monkeypatch.setattr(AitpWorkerStep, "_check_store", lambda self, app: True)
+    worker = SimpleNamespace(app=app, hostname="w@test", concurrency=2, consumer=None)
+    step = AitpWorkerStep(worker, aitp_tenant=("acme",))
+    step.advertise({})
+    assert "aitp.acme.cpu.lo" in store.live_queues()
+    app.amqp.queues.deselect("aitp.acme.cpu.lo")  # what cancel_consumer does
+    step.advertise({})
+    assert "aitp.acme.cpu.lo" not in store.live_queues()
+    assert "aitp.acme.cpu.hi" in store.live_queues()
+
+
 def test_a_worker_flag_the_policy_does_not_know_is_a_usage_error(app):
     """``celery worker`` prints it as a usage error (exit 2), not a 30-line traceback;
     a program that starts a worker still gets a PolicyError."""
