@@ -77,13 +77,16 @@ class RedisQueueOps:
         options = app.conf.broker_transport_options or {}
         self.steps = tuple(options.get("priority_steps") or DEFAULT_STEPS)
         self.sep = options.get("sep", DEFAULT_SEP)
+        #: kombu's ``global_keyprefix``: it writes every queue's lists under it
+        self.prefix = str(options.get("global_keyprefix") or "")
         self.client = connect(app.conf.broker_url, timeout_s=5.0)
         self._move = self.client.register_script(_MOVE)
         self._depths = self.client.register_script(_DEPTHS)
 
     def keys_of(self, queue: str) -> list[str]:
         """Every list kombu may keep for ``queue``, highest message priority first."""
-        return [queue if step == 0 else f"{queue}{self.sep}{step}" for step in self.steps]
+        name = self.prefix + queue
+        return [name if step == 0 else f"{name}{self.sep}{step}" for step in self.steps]
 
     def depths(self, queues: Iterable[str]) -> dict[str, int]:
         queues = list(dict.fromkeys(queues))
@@ -91,7 +94,8 @@ class RedisQueueOps:
         try:
             for start in range(0, len(queues), DEPTH_CHUNK):
                 chunk = queues[start:start + DEPTH_CHUNK]
-                counts = self._depths(keys=chunk, args=[self.sep, *self.steps])
+                counts = self._depths(keys=[self.prefix + q for q in chunk],
+                                      args=[self.sep, *self.steps])
                 depths.update(zip(chunk, (int(c) for c in counts), strict=True))
         except (redis.RedisError, OSError) as exc:
             raise AdapterError(f"redis queue depth failed: {exc}") from exc
