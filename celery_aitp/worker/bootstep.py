@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import click
-from celery import bootsteps
+from celery import bootsteps, signals
 
 from celery_aitp.deployment import store_url_for
 from celery_aitp.errors import PolicyError, StoreError
@@ -285,6 +285,8 @@ class AitpWorkerStep(bootsteps.StartStopStep):
             logger.warning("aitp: live view not started: %s", redact(repr(exc)))
         if self.plan.enabled:
             self._spawn("aitp-advertise", self._advertise_loop)
+            signals.worker_shutting_down.connect(self._on_shutting_down, sender=self.hostname,
+                                                 weak=False)
         if self._follow_usage:  # fair share on the reading side: see worker/tier_cycle.py
             live = self.middleware.live
             live.on_refresh(tier_cycle.follow_usage)
@@ -326,46 +328,56 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         if self._occupancy is not None:
             self._occupancy.withdraw()
         if self.plan.enabled:
-            try:
-                self.middleware.store.withdraw(self.hostname)
-            except StoreError as exc:
-                logger.warning("aitp: could not withdraw advertisement: %s", redact(exc))
+            signals.worker_shutting_down.disconnect(self._on_shutting_down,
+                                                    sender=self.hostname)
+            self._withdraw()
+
+    def _withdraw(self) -> None:
+        try:
+            self.middleware.store.withdraw(self.hostname)
+        except StoreError as exc:
+            logger.warning("aitp: could not withdraw advertisement: %s", redact(exc))
 
     def _spawn(self, name: str, target: Any) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
 
+    def _on_shutting_down(self, **_: Any) -> None:
+        """A warm shutdown reads no more tasks but may wait hours for the running ones:
+        stop advertising now (the advertise thread withdraws), or producers would keep
+        routing to queues nobody reads until it ends."""
+        self._stop.set()
+
     def _advertise_loop(self) -> None:
-        settings = self.middleware.settings
-        info = {"tenants": self.plan.tenants, "accelerator": self.plan.accelerator,
-                "tiers": self.plan.tiers, "default_queue": not self.plan.no_default_queue,
-                "express": self.plan.express}
-        period = settings.worker_ttl_s / 3
+        period = self.middleware.settings.worker_ttl_s / 3
         while True:
             try:
-                self.advertise(info)
+                self.advertise()
                 self._follow_express()
             except StoreError as exc:
                 logger.warning("aitp: advertisement failed: %s", redact(exc))
             if self._stop.wait(period):
+                self._withdraw()
                 return
 
-    def advertise(self, info: dict[str, Any]) -> None:
-        """Say which tier queues this worker reads, for the next ``worker_ttl_s``."""
-        settings = self.middleware.settings
-        self.middleware.store.advertise(self.hostname, self.served_queues(), info,
-                                        settings.worker_ttl_s)
+    def advertise(self) -> None:
+        """Say which tier queues this worker reads, for the next ``worker_ttl_s``.
 
-    def served_queues(self) -> list[str]:
-        """The planned tier queues this worker still reads.
-
-        ``celery control cancel_consumer`` takes a queue away at run time: still
-        advertised, it looked served, so producers kept routing to it and the janitor
-        left its tasks there for good."""
-        consumed = self.middleware.app.amqp.queues.consume_from
+        What it reads *now*: ``celery control cancel_consumer`` takes a queue away at run
+        time, and a queue still advertised looked served, so producers kept routing to
+        it and the janitor left its tasks there for good. The same for the default
+        queue (``-Q`` without it)."""
+        app = self.middleware.app
+        consumed = app.amqp.queues.consume_from
         physical = self.middleware.layout.physical
-        return [q for q in self.plan.queue_names() if physical(q) in consumed]
+        queues = [q for q in self.plan.queue_names() if physical(q) in consumed]
+        info = {"tenants": self.plan.tenants, "accelerator": self.plan.accelerator,
+                "tiers": self.plan.tiers,
+                "default_queue": app.conf.task_default_queue in consumed,
+                "express": self.plan.express}
+        self.middleware.store.advertise(self.hostname, queues, info,
+                                        self.middleware.settings.worker_ttl_s)
 
     def _follow_express(self) -> None:
         """Let the reserve stand aside while an express worker reads this worker's top

@@ -15,6 +15,7 @@ from celery_aitp.policy import parse_policy
 from celery_aitp.policy_history import policy_digest, policy_history
 from celery_aitp.policy_live import active_policy, apply_policy, read_active
 from tests.conftest import TEST_POLICY
+from tests.support.live import wait_for
 from tests.unit.conftest import make_live
 
 #: TEST_POLICY with globex allowed up to hi (it is capped at mid in TEST_POLICY).
@@ -196,12 +197,37 @@ def test_a_worker_stops_advertising_a_queue_it_no_longer_reads(app, store, monke
     monkeypatch.setattr(AitpWorkerStep, "_check_store", lambda self, app: True)
     worker = SimpleNamespace(app=app, hostname="w@test", concurrency=2, consumer=None)
     step = AitpWorkerStep(worker, aitp_tenant=("acme",))
-    step.advertise({})
+    step.advertise()
     assert "aitp.acme.cpu.lo" in store.live_queues()
     app.amqp.queues.deselect("aitp.acme.cpu.lo")  # what cancel_consumer does
-    step.advertise({})
+    step.advertise()
     assert "aitp.acme.cpu.lo" not in store.live_queues()
     assert "aitp.acme.cpu.hi" in store.live_queues()
+
+
+def test_a_worker_in_warm_shutdown_stops_advertising_at_once(app, store, monkeypatch):
+    """A warm shutdown reads nothing more but waits for its running tasks (hours, for
+    long ones): advertised meanwhile, its queues took new tasks nobody would read."""
+    from types import SimpleNamespace
+
+    from celery import signals
+
+    from celery_aitp.worker.bootstep import AitpWorkerStep
+
+    monkeypatch.setattr(AitpWorkerStep, "_check_store", lambda self, app: True)
+    worker = SimpleNamespace(app=app, hostname="w@test", concurrency=2, consumer=None)
+    step = AitpWorkerStep(worker, aitp_tenant=("acme",))
+    step.start(worker)
+    try:
+        wait_for(lambda: "aitp.acme.cpu.lo" in store.live_queues(), 10, "advertised")
+        signals.worker_shutting_down.send(sender="w@other", sig="SIGTERM", how="Warm",
+                                          exitcode=0)  # another worker's: not this one
+        assert not step._stop.wait(0.3) and "aitp.acme.cpu.lo" in store.live_queues()
+        signals.worker_shutting_down.send(sender="w@test", sig="SIGTERM", how="Warm",
+                                          exitcode=0)
+        wait_for(lambda: not store.live_queues(), 10, "withdrawn")
+    finally:
+        step.stop(worker)
 
 
 def test_a_worker_flag_the_policy_does_not_know_is_a_usage_error(app):

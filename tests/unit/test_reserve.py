@@ -487,8 +487,7 @@ def test_an_express_worker_says_so_when_it_advertises(no_reserve_after, store):
     worker = SimpleNamespace(app=app, hostname="x@test", prefetch_multiplier=1, concurrency=1)
     step = AitpWorkerStep(worker, aitp_tenant=("acme",), aitp_express=True)
     assert step._reserve is None  # one tier: nothing below to keep a process from
-    step._stop.set()  # one round
-    step._advertise_loop()
+    step.advertise()
     (doc,) = store.workers()
     assert doc["express"] is True and doc["tiers"] == ["hi"] and not doc["default_queue"]
     assert doc["queues"] == ["aitp.acme.cpu.hi"]
