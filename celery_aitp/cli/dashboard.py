@@ -47,6 +47,11 @@ from celery_aitp.errors import PolicyError
               help="Trust this header (e.g. X-Forwarded-User, set by oauth2-proxy) to name "
                    "the signed-in user, from --forwarded-allow-ips only "
                    "(AITP_DASHBOARD_AUTH_HEADER).")
+@click.option("--allowed-hosts", default=None, metavar="NAMES",
+              help="Comma-separated host names the dashboard answers to besides localhost, "
+                   "127.0.0.1, [::1] and --address, e.g. its public name behind a reverse "
+                   "proxy; other Host headers get 403 (DNS rebinding); '*' for any, only "
+                   "with authentication (AITP_DASHBOARD_ALLOWED_HOSTS).")
 @click.option("--flower-url", default=None, metavar="URL",
               help="A running Flower's base URL: task and worker pages link to it "
                    "(AITP_DASHBOARD_FLOWER_URL).")
@@ -70,6 +75,8 @@ def command(ctx: click.Context, **flags: object) -> None:
         auth += f", user from {config.auth_header}"
     if config.proxy_headers or config.auth_header:
         auth += f", trusting proxies at {','.join(config.forwarded_allow_ips)}"
+    if config.allowed_hosts:
+        auth += f", answering Host {','.join(config.allowed_hosts)} too"
     mode = ", read-only" if config.read_only else ""
     host = f"[{config.address}]" if ":" in config.address else config.address
     console.print(f"celery_aitp dashboard on http://{host}:{config.port}{config.url_prefix}/"

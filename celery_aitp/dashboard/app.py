@@ -2,9 +2,9 @@
 
 ``build_dashboard(middleware, config)`` wires a Fleet reader to the app's store and
 broker; ``create_app(dashboard)`` returns the Starlette app wrapped in the security
-middleware (outside) and, with ``--proxy-headers``, uvicorn's forwarded-headers
-middleware (inside, so authentication sees the connection's own address). In read-only
-mode the stage route is not registered at all.
+middleware (outside: Host names, then authentication) and, with ``--proxy-headers``,
+uvicorn's forwarded-headers middleware (inside, so authentication sees the connection's
+own address). In read-only mode the stage route is not registered at all.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from celery_aitp.dashboard.api import Dashboard
 from celery_aitp.dashboard.config import DashboardConfig
 from celery_aitp.dashboard.fleet import STALE_S, Fleet
 from celery_aitp.dashboard.metrics import MetricsApp
-from celery_aitp.dashboard.security import SecurityMiddleware, TrustedPeers
+from celery_aitp.dashboard.security import AllowedHosts, SecurityMiddleware, TrustedPeers
 from celery_aitp.dashboard.views import PAGES, Pages
 from celery_aitp.explain import explain_task
 from celery_aitp.migration.control import StageControl
@@ -85,7 +85,8 @@ def routes(dashboard: Dashboard) -> list[BaseRoute]:
 
 
 def create_app(dashboard: Dashboard) -> Any:
-    """The ASGI app: routes under the URL prefix, behind authentication if configured."""
+    """The ASGI app: routes under the URL prefix, for the allowed Host names only, behind
+    authentication if configured."""
     prefix = dashboard.config.url_prefix
     table = routes(dashboard)
     if prefix:
@@ -96,4 +97,5 @@ def create_app(dashboard: Dashboard) -> Any:
     if config.proxy_headers:
         app = ProxyHeadersMiddleware(app, trusted_hosts=list(config.forwarded_allow_ips))
     return SecurityMiddleware(app, config.basic_auth, prefix, auth_header=config.auth_header,
-                              trusted=TrustedPeers(config.forwarded_allow_ips))
+                              trusted=TrustedPeers(config.forwarded_allow_ips),
+                              hosts=AllowedHosts(config.allowed_hosts, config.address))

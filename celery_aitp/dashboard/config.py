@@ -4,7 +4,9 @@ The names follow Flower's (``--port``, ``--address``, ``--basic-auth``, ``--url-
 ``--read-only``; ``FLOWER_PORT`` becomes ``AITP_DASHBOARD_PORT``) and uvicorn's
 (``--proxy-headers``, ``--forwarded-allow-ips``). Listening on anything but a loopback
 address without authentication is refused: the dashboard can change the migration stage
-of a whole fleet.
+of a whole fleet. It answers only the ``Host`` names it knows (the loopback names, the
+address it listens on and ``--allowed-hosts``), so that a web page whose name the attacker
+points at 127.0.0.1 (DNS rebinding) can neither read it nor change the stage.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 #: uvicorn's default: only a proxy on the same host is trusted.
 DEFAULT_FORWARDED_ALLOW_IPS = ("127.0.0.1",)
 TRUST_ANY = "*"
+#: A host name (RFC 1123 labels; ``_`` too, as container and service names may have it).
+_HOST_NAME = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*\Z")
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+\Z")  # an RFC 9110 token
 #: Headers a proxy may not use to name the user: the client or the server sets them.
 _RESERVED_HEADERS = frozenset({"authorization", "cookie", "host", "origin", "referer",
@@ -55,6 +59,9 @@ class DashboardConfig:
     auth_header: str = ""
     #: A running Flower's base URL: task and worker pages link to it.
     flower_url: str = ""
+    #: Host names answered besides the loopback names and ``address`` (the public name
+    #: behind a reverse proxy, a service name); ``*``: any (refused without authentication).
+    allowed_hosts: tuple[str, ...] = ()
 
     @property
     def auth_required(self) -> bool:
@@ -76,6 +83,13 @@ class DashboardConfig:
                 "(--forwarded-allow-ips '*'): any client could name itself; list the "
                 "authenticating proxy's addresses instead"
             )
+        if TRUST_ANY in self.allowed_hosts and not self.auth_required:
+            raise PolicyError(
+                "--allowed-hosts '*': refusing to answer any Host name without "
+                "authentication (a web page could point its own name at this address and "
+                "use the dashboard: DNS rebinding); list the names instead, or add "
+                "--basic-auth or --auth-header"
+            )
 
 
 def is_loopback(address: str) -> bool:
@@ -87,6 +101,36 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def canonical_host(name: str) -> str | None:
+    """A host name or IP address as compared: lower case, without brackets or a trailing
+    dot, addresses in their canonical form; None if it is neither."""
+    name = name.strip().lower()
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    name = name.removesuffix(".")  # the root: "localhost." is "localhost"
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        return name if _HOST_NAME.match(name) else None
+
+
+def parse_allowed_hosts(values: str | Sequence[str]) -> tuple[str, ...]:
+    """Host names or addresses (comma-separated or a list), or ``*``; normalised."""
+    items = values.split(",") if isinstance(values, str) else \
+        [part for value in values for part in str(value).split(",")]
+    found: list[str] = []
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        name = TRUST_ANY if item == TRUST_ANY else canonical_host(item)
+        if name is None:
+            raise PolicyError(
+                f"--allowed-hosts {item!r}: expected host names or addresses such as "
+                "ops.example.org,10.0.0.7 (no scheme, port or path), or '*'")
+        found.append(name)
+    return tuple(dict.fromkeys(found))
 
 
 def parse_credentials(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -186,7 +230,7 @@ def from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
     """The ``AITP_DASHBOARD_*`` values that are set, as raw option values."""
     found: dict[str, Any] = {}
     for option in ("port", "address", "url_prefix", "refresh_s", "window_s",
-                   "forwarded_allow_ips", "auth_header", "flower_url"):
+                   "forwarded_allow_ips", "auth_header", "flower_url", "allowed_hosts"):
         raw = environ.get(ENV_PREFIX + option.upper())
         if raw:
             found[option] = raw
@@ -217,4 +261,5 @@ def resolve_config(environ: Mapping[str, str], **flags: Any) -> DashboardConfig:
             values.get("forwarded_allow_ips") or DEFAULT_FORWARDED_ALLOW_IPS),
         auth_header=normalise_header_name(values.get("auth_header")),
         flower_url=normalise_flower_url(values.get("flower_url")),
+        allowed_hosts=parse_allowed_hosts(values.get("allowed_hosts") or ()),
     )

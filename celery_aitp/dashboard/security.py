@@ -1,5 +1,11 @@
-"""Authentication, cross-site request protection and response headers.
+"""Host names, authentication, cross-site request protection and response headers.
 
+* Every request (the probes included) must name in ``Host`` one of the names the
+  dashboard answers to: the loopback names, the address it listens on, and the names of
+  ``--allowed-hosts``. Anything else gets 403, before any route runs: a page whose own
+  name the attacker points at 127.0.0.1 (DNS rebinding) is same-origin with it for the
+  browser, and would otherwise read every page and pass the origin check below, which
+  compares with whatever ``Host`` says.
 * Authentication (when configured) covers every route except ``/healthz``, ``/readyz``
   and ``/healthcheck``, which orchestrators probe without credentials. Two ways, either
   or both: basic auth (passwords compared in constant time), or a user header set by an
@@ -24,10 +30,13 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from celery_aitp.dashboard.config import TRUST_ANY, canonical_host, is_loopback
+
 CSRF_COOKIE = "aitp_csrf"
 CSRF_HEADER = "x-aitp-csrf"
 OPEN_PATHS = ("/healthz", "/readyz", "/healthcheck")
 MAX_USER_LEN = 200
+MAX_HOST_SHOWN = 100
 SECURITY_HEADERS = [
     (b"content-security-policy",
      b"default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
@@ -94,6 +103,40 @@ class TrustedPeers:
         return any(address in network for network in self.networks)
 
 
+def host_of(header: str) -> str | None:
+    """The name in a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), canonical;
+    None if it is malformed."""
+    value = header.strip()
+    if value.startswith("["):
+        name, bracket, port = value[1:].partition("]")
+        if not bracket or ":" not in name or (port and not port.startswith(":")):
+            return None  # brackets hold an IPv6 address, then nothing or a port
+        port = port[1:]
+    else:
+        name, _, port = value.partition(":")
+    if port and not (port.isascii() and port.isdigit() and len(port) <= 5):
+        return None
+    return canonical_host(name) if name else None
+
+
+class AllowedHosts:
+    """The ``Host`` names the dashboard answers to, with any port: the loopback names
+    (localhost, 127.0.0.0/8, [::1]), the address it listens on and the names listed;
+    ``*`` among them: any."""
+
+    def __init__(self, names: Iterable[str] = (), address: str = "") -> None:
+        names = tuple(names)
+        self.any = TRUST_ANY in names
+        self.names = frozenset(n for n in map(canonical_host, (*names, address))
+                               if n is not None)
+
+    def allows(self, header: str | None) -> bool:
+        if self.any:
+            return True
+        name = host_of(header or "")
+        return name is not None and (name in self.names or is_loopback(name))
+
+
 def proxy_user(value: str | None) -> str | None:
     """The user a proxy named, trimmed; None if empty or not printable text."""
     user = (value or "").strip()[:MAX_USER_LEN]
@@ -109,8 +152,10 @@ class SecurityMiddleware:
 
     def __init__(self, app: ASGIApp, credentials: tuple[tuple[str, str], ...],
                  prefix: str = "", realm: str = "celery_aitp", auth_header: str = "",
-                 trusted: TrustedPeers | None = None) -> None:
+                 trusted: TrustedPeers | None = None,
+                 hosts: AllowedHosts | None = None) -> None:
         self.app = app
+        self.hosts = hosts or AllowedHosts()
         self.credentials = credentials
         self.open_paths = tuple(prefix + p for p in OPEN_PATHS)
         self.realm = realm
@@ -145,6 +190,10 @@ class SecurityMiddleware:
                 message["headers"] = list(message.get("headers", [])) + SECURITY_HEADERS
             await send(message)
 
+        host = _headers(scope).get("host")
+        if not self.hosts.allows(host):
+            await _plain(send_with_headers, 403, unknown_host_message(host))
+            return
         if self.auth_required and scope.get("path") not in self.open_paths:
             user = self.user_of(scope)
             if user is None:
@@ -153,7 +202,6 @@ class SecurityMiddleware:
             scope.setdefault("state", {})["user"] = user
         await self.app(scope, receive, send_with_headers)
 
-
     async def _refuse(self, send: Send) -> None:
         if self.credentials:
             await _plain(send, 401, b"authentication required\n",
@@ -161,6 +209,16 @@ class SecurityMiddleware:
         else:  # no password prompt: only the proxy can sign a user in
             await _plain(send, 401, b"authentication required: sign in through the "
                                     b"authenticating proxy\n")
+
+
+def unknown_host_message(host: str | None) -> bytes:
+    """Why a request naming ``host`` is refused, and the option that allows it."""
+    if not host:
+        return b"no Host header: this dashboard answers only requests that name it\n"
+    shown = "".join(c if c.isprintable() and c.isascii() else "?" for c in host)
+    return (f"Host {shown[:MAX_HOST_SHOWN]!r} is not a name this dashboard answers to "
+            "(protection against DNS rebinding); if it is this dashboard's own name, add "
+            "it with --allowed-hosts (AITP_DASHBOARD_ALLOWED_HOSTS)\n").encode()
 
 
 async def _plain(send: Send, status: int, body: bytes,

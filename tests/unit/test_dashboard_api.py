@@ -26,6 +26,8 @@ from celery_aitp.stubs import MemoryQueueOps
 from tests.conftest import TEST_POLICY
 
 TASKS = ("proj.render", "proj.report")
+#: The Host Starlette's test client sends: a name the dashboard must be told to answer to.
+TEST_HOST = "testserver"
 
 
 def seed(store: RedisStore, ops: MemoryQueueOps) -> None:
@@ -69,6 +71,7 @@ def make_client(store: RedisStore, ops: MemoryQueueOps | None = None,
     ops = ops or MemoryQueueOps()
     fleet = Fleet(store, policy, "default-q", lambda: ops, worker_ttl_s=10.0, refresh_s=0.0,
                   window_s=300.0, tasks=TASKS)
+    config.setdefault("allowed_hosts", (TEST_HOST,))
     dashboard = Dashboard(DashboardConfig(**config), fleet, worker_ttl_s=10.0, version="test")
     return TestClient(create_app(dashboard)), dashboard
 
@@ -408,7 +411,8 @@ def test_a_failing_broker_adapter_leaves_the_rest_of_the_pages_working(store):
 
     policy = parse_policy(TEST_POLICY)
     fleet = Fleet(store, policy, "default-q", broken, worker_ttl_s=10.0, refresh_s=0.0)
-    client = TestClient(create_app(Dashboard(DashboardConfig(), fleet, worker_ttl_s=10.0)))
+    client = TestClient(create_app(Dashboard(DashboardConfig(allowed_hosts=(TEST_HOST,)), fleet,
+                                             worker_ttl_s=10.0)))
     data = client.get("/api/queues").json()
     assert data["health"]["broker_ok"] is False and "exploded" in data["health"]["broker_error"]
     assert all(q["depth"] is None for q in data["queues"])

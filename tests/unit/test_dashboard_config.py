@@ -117,3 +117,30 @@ def test_bad_proxy_options_are_named(option, value, named):
         resolve_config({}, **{option: value})
     with pytest.raises(PolicyError, match="PROXY_HEADERS"):
         resolve_config({"AITP_DASHBOARD_PROXY_HEADERS": "sometimes"})
+
+
+def test_allowed_hosts_from_the_environment_and_flags():
+    env = {"AITP_DASHBOARD_ALLOWED_HOSTS": "Ops.Example.org., [::1],10.0.0.7,ops.example.org"}
+    assert resolve_config(env).allowed_hosts == ("ops.example.org", "::1", "10.0.0.7")
+    assert resolve_config(env, allowed_hosts="aitp-dashboard").allowed_hosts \
+        == ("aitp-dashboard",)
+    assert resolve_config({}).allowed_hosts == ()  # the loopback names and --address only
+    assert resolve_config({}, allowed_hosts="*", basic_auth=("a:b",)).allowed_hosts == ("*",)
+
+
+@pytest.mark.parametrize("bad", ["https://ops.example.org", "ops.example.org:443",
+                                 "ops.example.org/aitp", "ops example", "[::1]:5566", "a..b"])
+def test_bad_allowed_hosts_are_named(bad):
+    with pytest.raises(PolicyError, match="--allowed-hosts"):
+        resolve_config({}, allowed_hosts=bad)
+
+
+def test_every_option_has_a_flag_and_an_environment_variable():
+    from dataclasses import fields
+
+    from celery_aitp.cli.celery_command import aitp
+    from celery_aitp.dashboard.config import ENV_PREFIX, DashboardConfig, from_environment
+
+    names = [f.name for f in fields(DashboardConfig)]
+    assert {p.name for p in aitp.commands["dashboard"].params} == set(names)
+    assert set(from_environment({ENV_PREFIX + n.upper(): "1" for n in names})) == set(names)

@@ -26,7 +26,7 @@ def store() -> RedisStore:
 
 def behind(store: RedisStore, peer: tuple[str, int] = PROXY, **config: Any) -> TestClient:
     """A client reaching the dashboard as ``SITE``, connecting from ``peer``."""
-    client, _ = make_client(store, MemoryQueueOps(), **config)
+    client, _ = make_client(store, MemoryQueueOps(), allowed_hosts=("dash.example",), **config)
     return TestClient(client.app, base_url="http://dash.example", client=peer)
 
 

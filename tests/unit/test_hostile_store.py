@@ -194,7 +194,8 @@ def dashboard() -> Iterator[tuple[Any, RedisStore]]:
     ops = MemoryQueueOps()
     fleet = Fleet(store, parse_policy(POLICY), "default-q", lambda: ops, worker_ttl_s=10.0,
                   refresh_s=0.0, window_s=300.0, tasks=("t.x",))
-    app = create_app(Dashboard(DashboardConfig(), fleet, worker_ttl_s=10.0, version="test"))
+    config = DashboardConfig(allowed_hosts=("testserver",))  # the test client's Host
+    app = create_app(Dashboard(config, fleet, worker_ttl_s=10.0, version="test"))
     with TestClient(app, raise_server_exceptions=True) as client:
         yield client, store
 

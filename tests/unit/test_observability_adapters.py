@@ -121,7 +121,9 @@ def test_grafana_dashboard_is_importable_and_uses_exported_metrics(store):
 def test_docs_document_every_metric_endpoint_and_option():
     from pathlib import Path
 
+    from celery_aitp.cli.celery_command import aitp
     from celery_aitp.dashboard.api import ENDPOINTS
+    from celery_aitp.dashboard.config import ENV_PREFIX
     from celery_aitp.dashboard.metrics import METRICS
 
     section = (Path(__file__).resolve().parents[2] / "docs" / "dashboard.md").read_text("utf-8")
@@ -137,11 +139,11 @@ def test_docs_document_every_metric_endpoint_and_option():
     for endpoint in ENDPOINTS:
         path = endpoint.split(" ", 1)[1].split("?")[0]
         assert path in section, endpoint
-    for option in ("--port", "--address", "--basic-auth", "--url-prefix", "--read-only",
-                   "--proxy-headers", "--forwarded-allow-ips", "--auth-header", "--flower-url",
-                   "AITP_DASHBOARD_PORT", "AITP_DASHBOARD_ADDRESS", "AITP_DASHBOARD_BASIC_AUTH",
-                   "AITP_DASHBOARD_URL_PREFIX", "AITP_DASHBOARD_READ_ONLY",
-                   "AITP_DASHBOARD_PROXY_HEADERS", "AITP_DASHBOARD_FORWARDED_ALLOW_IPS",
-                   "AITP_DASHBOARD_AUTH_HEADER", "AITP_DASHBOARD_FLOWER_URL", "/healthz",
-                   "/readyz", "/healthcheck"):
-        assert option in section, option
+    options = [row.split("|")[1].strip() for row in section.splitlines()
+               if row.startswith("| `--")]  # the options table's first column
+    for param in aitp.commands["dashboard"].params:  # each flag and its variable, from the code
+        flag, env = param.opts[0], ENV_PREFIX + str(param.name).upper()
+        assert any(cell.startswith(f"`{flag}") for cell in options), flag
+        assert f"`{env}`" in section, env
+    for path in ("/healthz", "/readyz", "/healthcheck"):
+        assert path in section, path

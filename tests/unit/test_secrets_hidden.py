@@ -77,6 +77,10 @@ def app() -> Iterator[Celery]:
     mw.close()
 
 
+#: The test client's Host ("testserver") is a name the dashboard must be told to answer.
+CONFIG = DashboardConfig(refresh_s=0.2, allowed_hosts=("testserver",))
+
+
 def every_get(client: TestClient, prefix: str = "") -> dict[str, str]:
     """The body of every GET route: pages, API (a task page too), metrics, probes."""
     paths = ["/", "/tenants", "/queues", "/workers", "/predictions", "/tasks", "/tasks/x1",
@@ -87,7 +91,7 @@ def every_get(client: TestClient, prefix: str = "") -> dict[str, str]:
 
 
 def test_dashboard_with_the_store_and_broker_unreachable(app: Celery) -> None:
-    dashboard = build_dashboard(app.aitp, DashboardConfig(refresh_s=0.2), version="t")
+    dashboard = build_dashboard(app.aitp, CONFIG, version="t")
     client = TestClient(create_app(dashboard))
     bodies = every_get(client)
     for path, body in bodies.items():
@@ -100,7 +104,7 @@ def test_dashboard_with_the_store_and_broker_unreachable(app: Celery) -> None:
 def test_dashboard_with_a_live_store_and_the_broker_unreachable(app: Celery) -> None:
     app.aitp.store = RedisStore(fakeredis.FakeRedis(), Keys("secret"))
     app.aitp.store.write_stage({"stage": "takeover", "split": {}}, who="test")
-    dashboard = build_dashboard(app.aitp, DashboardConfig(refresh_s=0.2), version="t")
+    dashboard = build_dashboard(app.aitp, CONFIG, version="t")
     bodies = every_get(TestClient(create_app(dashboard)))
     for path, body in bodies.items():
         assert_hidden(body, path)

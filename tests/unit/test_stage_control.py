@@ -168,7 +168,7 @@ def test_a_rollback_from_the_dashboard_drains_the_tier_queues(app, fast, ops):
     from celery_aitp.dashboard.app import build_dashboard, create_app
     from celery_aitp.dashboard.config import DashboardConfig
 
-    dashboard = build_dashboard(fast, DashboardConfig())
+    dashboard = build_dashboard(fast, DashboardConfig(allowed_hosts=("testserver",)))
     assert dashboard.drain is not None  # wired to the migration rollback
     control = StageControl(fast, Janitor(fast, ops=ops))
     dashboard.drain = lambda: control.drain(0)
