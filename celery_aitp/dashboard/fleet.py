@@ -48,6 +48,10 @@ class Snapshot:
     at: float
     store_ok: bool = False
     store_error: str | None = None
+    #: When the store-derived fields (everything but the broker's) were read: ``at`` when
+    #: the store answered, earlier while it is down (they are the last reading), None
+    #: before any.
+    store_read_at: float | None = None
     broker_ok: bool = False
     broker_error: str | None = None
     stage: str = "coexistence"
@@ -67,6 +71,12 @@ class Snapshot:
     #: The producers' spill view: saturated tier queues (backlog per slot), the
     #: standard workers' class and idle slots (scheduling/spill.py).
     spill: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def workers_read_at(self) -> float:
+        """When the workers were read, and so when their liveness is judged: during a
+        store outage no heartbeat arrives, and the last reading stands."""
+        return self.at if self.store_read_at is None else self.store_read_at
 
 
 def decisions_total(counts: Mapping[str, int]) -> int:
@@ -256,8 +266,11 @@ class Fleet:
         try:
             base = self._read_store(now)
         except StoreError as exc:
+            # the store's side stays its last reading (store_read_at says when), but the
+            # broker is read all the same: while the store is down every task falls back
+            # to the default queue, and its depth is what an operator needs to see
             previous = self._snapshot or Snapshot(at=now)
-            return replace(previous, at=now, store_ok=False, store_error=redact(exc),
+            base = replace(previous, at=now, store_ok=False, store_error=redact(exc),
                            decisions_per_s=None)
         return self._with_queues(base, now)
 
@@ -282,7 +295,8 @@ class Fleet:
         except Exception as exc:  # malformed reports must not hide the rest
             spill = {"error": redact(f"{type(exc).__name__}: {exc}")}
         return Snapshot(
-            at=now, store_ok=True, stage=stage.value, split=split.model_dump(mode="json"),
+            at=now, store_ok=True, store_read_at=now, stage=stage.value,
+            split=split.model_dump(mode="json"),
             stage_history=store.stage_history(20), workers=store.workers(),
             live_queues=store.live_queues(), counters=counts,
             window_counters=self.history.window_delta(),
@@ -305,8 +319,8 @@ class Fleet:
         # wait in one queue, and only its depth is known
         groups = physical_groups(self.layout, names)
         alive: dict[str, list[str]] = {}  # queue -> live workers serving it, built once
-        for worker in snap.workers:
-            if now - float(worker.get("heartbeat") or 0) <= self.worker_ttl_s:
+        for worker in snap.workers:  # alive as last read (an outage orphans no queue)
+            if snap.workers_read_at - float(worker.get("heartbeat") or 0) <= self.worker_ttl_s:
                 queues = list(worker.get("queues") or ())
                 if worker.get("default_queue") is True:  # advertised as a flag, not a queue
                     queues.append(self.default_queue)

@@ -86,7 +86,8 @@ def overview(snap: Snapshot, policy: Policy, ttl_s: float) -> dict[str, Any]:
         "decisions": {"window": decision_breakdown(snap.window_counters),
                       "total": decision_breakdown(snap.counters)},
         "sla": sla_by_tier(policy, snap.observations),
-        "workers": {"alive": sum(_alive(w, snap.at, ttl_s) for w in snap.workers),
+        "workers": {"alive": sum(_alive(w, snap.workers_read_at, ttl_s)
+                             for w in snap.workers),
                     "known": len(snap.workers)},
         "queued": sum(depths) if depths else None,
         "orphaned_queues": [q["queue"] for q in snap.queues if q.get("orphaned")],
@@ -97,6 +98,7 @@ def overview(snap: Snapshot, policy: Policy, ttl_s: float) -> dict[str, Any]:
 
 def _health(snap: Snapshot) -> dict[str, Any]:
     return {"store_ok": snap.store_ok, "store_error": snap.store_error,
+            "store_read_at": snap.store_read_at,
             "broker_ok": snap.broker_ok, "broker_error": snap.broker_error}
 
 
@@ -227,7 +229,7 @@ def workers(snap: Snapshot, ttl_s: float) -> dict[str, Any]:
             "queues": list(w.get("queues") or []), "default_queue": w.get("default_queue"),
             "express": w.get("express") is True, "heartbeat": heartbeat,
             "heartbeat_age_s": None if heartbeat is None else max(0.0, snap.at - heartbeat),
-            "alive": _alive(w, snap.at, ttl_s),
+            "alive": _alive(w, snap.workers_read_at, ttl_s),
         })
     return {"at": snap.at, "ttl_s": ttl_s, "workers": rows}
 

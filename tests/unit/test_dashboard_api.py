@@ -552,3 +552,70 @@ def test_the_default_queue_counts_the_aitp_workers_that_read_it(store, ops):
     families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
     consumers = {s.labels["queue"]: s.value for s in families["aitp_queue_consumers"].samples}
     assert consumers["default-q"] == 1  # an alert on zero consumers fired while it was read
+
+
+def _depth(metrics: str, queue: str) -> float | None:
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == "aitp_queue_depth" and sample.labels["queue"] == queue:
+                return sample.value
+    return None
+
+
+def _gauge(metrics: str, name: str) -> float | None:
+    return next((s.value for f in text_string_to_metric_families(metrics) for s in f.samples
+                 if s.name == name), None)
+
+
+def test_a_store_outage_still_reads_the_broker(ops, monkeypatch):
+    """Every task falls back to the default queue while the store is down: its depth must
+    show it, and the rest stay what the store said last (with when)."""
+    server = fakeredis.FakeServer()
+    store = RedisStore(fakeredis.FakeRedis(server=server), Keys("outage"))
+    seed(store, ops)
+    offset = [0.0]
+    fleet = Fleet(store, parse_policy(TEST_POLICY), "default-q", lambda: ops,
+                  worker_ttl_s=10.0, refresh_s=0.0, window_s=300.0, tasks=TASKS,
+                  clock=lambda: time.time() + offset[0])
+    client = TestClient(create_app(Dashboard(DashboardConfig(allowed_hosts=(TEST_HOST,)),
+                                             fleet, worker_ttl_s=10.0)))
+    before = client.get("/api/queues").json()
+    assert before["health"]["store_ok"] and before["health"]["store_read_at"] is not None
+    server.connected = False
+    offset[0] = 60.0  # past the workers' TTL (their heartbeats cannot reach the store)
+    ops.queues["default-q"].extend((time.time(), b"fallback") for _ in range(4))
+    data = client.get("/api/queues").json()
+    health = data["health"]
+    assert (health["store_ok"], health["broker_ok"]) == (False, True)
+    assert "unreachable" in health["store_error"]
+    assert health["store_read_at"] == before["health"]["store_read_at"]  # stale since then
+    rows = {q["queue"]: q for q in data["queues"]}
+    assert rows["default-q"]["depth"] == 5 and data["total_depth"] == 6  # read now
+    # the store's side is the last reading: the worker was alive then, not orphaned now
+    assert rows["aitp.acme.gpu.hi"]["consumers"] == ["gpu1@host"]
+    overview = client.get("/api/overview").json()
+    assert overview["stage"]["stage"] == "takeover" and overview["workers"]["alive"] == 1
+    assert client.get("/api/workers").json()["workers"][0]["alive"] is True
+    metrics = client.get("/metrics").text
+    assert _depth(metrics, "default-q") == 5.0
+    assert (_gauge(metrics, "aitp_store_up"), _gauge(metrics, "aitp_broker_up")) == (0.0, 1.0)
+
+    def broken(queues: Any) -> dict[str, int]:
+        raise RuntimeError("broker gone too")
+
+    monkeypatch.setattr(ops, "depths", broken)  # and a broker failing meanwhile shows
+    metrics = client.get("/metrics").text
+    assert _gauge(metrics, "aitp_broker_up") == 0.0 and _depth(metrics, "default-q") is None
+    assert "broker gone too" in client.get("/api/queues").json()["health"]["broker_error"]
+
+
+def test_a_dashboard_started_during_a_store_outage_shows_the_broker(ops):
+    server = fakeredis.FakeServer()
+    server.connected = False
+    store = RedisStore(fakeredis.FakeRedis(server=server), Keys("outage"))
+    ops.queues["default-q"].append((time.time(), b"fallback"))
+    client, _ = make_client(store, ops)
+    data = client.get("/api/queues").json()
+    assert (data["health"]["store_ok"], data["health"]["broker_ok"]) == (False, True)
+    assert data["health"]["store_read_at"] is None  # nothing read from the store yet
+    assert {q["queue"]: q["depth"] for q in data["queues"]}["default-q"] == 1
