@@ -7,6 +7,8 @@ script (the Content-Security-Policy forbids it); values reach the page as data a
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from html import escape
 from importlib import resources
 
@@ -28,8 +30,19 @@ PAGES = {
 }
 
 
+#: A ``{{name}}`` placeholder of the layout.
+PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
+
+
 def _template(name: str) -> str:
     return (resources.files("celery_aitp.dashboard") / "templates" / name).read_text("utf-8")
+
+
+def fill(template: str, values: Mapping[str, str]) -> str:
+    """``template`` with each ``{{name}}`` of ``values`` replaced, in one pass: what a
+    value holds (a task id from the URL: ``/tasks/{{body}}``) is never read as a
+    placeholder. Unknown names stay as they are."""
+    return PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), template)
 
 
 class Pages:
@@ -68,10 +81,7 @@ class Pages:
             "task_id": escape(task_id), "nav": self._nav(nav_page), "body": body,
             "version": escape(self.version),
         }
-        html = self.layout
-        for key, value in values.items():
-            html = html.replace("{{" + key + "}}", value)
-        response = HTMLResponse(html)
+        response = HTMLResponse(fill(self.layout, values))
         # Secure under TLS (seen through --proxy-headers behind a TLS proxy)
         response.set_cookie(CSRF_COOKIE, token, httponly=False, samesite="strict",
                             secure=request.url.scheme == "https",

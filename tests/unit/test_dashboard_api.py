@@ -619,3 +619,14 @@ def test_a_dashboard_started_during_a_store_outage_shows_the_broker(ops):
     assert (data["health"]["store_ok"], data["health"]["broker_ok"]) == (False, True)
     assert data["health"]["store_read_at"] is None  # nothing read from the store yet
     assert {q["queue"]: q["depth"] for q in data["queues"]}["default-q"] == 1
+
+
+@pytest.mark.parametrize("placeholder", ["body", "nav", "csrf", "title", "api", "prefix"])
+def test_a_value_put_into_the_page_is_never_expanded_again(client, placeholder):
+    """The task id comes from the URL: ``/tasks/{{body}}`` is a task id, not a template."""
+    literal = "{{" + placeholder + "}}"
+    html = client.get(f"/tasks/{literal}").text
+    assert f"<title>Task {literal} · celery_aitp</title>" in html
+    assert f'data-api="tasks/{literal}"' in html and f'data-task-id="{literal}"' in html
+    assert html.count('id="decision-table"') == 1 and html.count("<nav>") == 1
+    assert "{{" not in client.get("/tasks/id-1").text  # every placeholder has its value
