@@ -54,6 +54,40 @@ ENDPOINTS = {
 }
 
 
+#: How deep the JSON of a request body may nest (the stage document needs three levels).
+MAX_JSON_DEPTH = 32
+_TOO_DEEP = f"(body): JSON nested deeper than {MAX_JSON_DEPTH} levels"
+
+
+def json_depth(value: Any) -> int:
+    """How deep ``value`` (parsed JSON) nests: 0 for a scalar; without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else \
+            item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            if depth <= MAX_JSON_DEPTH:  # one level past the limit is enough to refuse
+                stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """A request body's JSON value; ValueError saying why if it is not JSON or nests
+    deeper than ``MAX_JSON_DEPTH`` (the parser itself recurses: 100,000 nested lists
+    would exhaust the interpreter's stack)."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
+    except ValueError:
+        raise ValueError("(body): not valid JSON") from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise ValueError(_TOO_DEEP)
+    return value
+
+
 def _clean(value: Any) -> Any:
     """JSON-safe: non-finite floats become null (browsers reject NaN)."""
     if isinstance(value, float):
@@ -159,9 +193,9 @@ class Dashboard:
         if problem:
             return ApiResponse({"error": problem}, status_code=403)
         try:
-            body = json.loads(await request.body())
-        except ValueError:
-            return ApiResponse({"error": "(body): not valid JSON"}, status_code=400)
+            body = parse_json_body(await request.body())
+        except ValueError as exc:
+            return ApiResponse({"error": str(exc)}, status_code=400)
         user = request.scope.get("state", {}).get("user") or "anonymous"
         client = request.client.host if request.client else "?"
         try:

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from celery_aitp.dashboard.api import Dashboard
+from celery_aitp.dashboard.api import MAX_JSON_DEPTH, Dashboard, parse_json_body
 from celery_aitp.dashboard.app import create_app
 from celery_aitp.dashboard.config import DashboardConfig
 from celery_aitp.dashboard.fleet import Fleet
@@ -630,3 +630,24 @@ def test_a_value_put_into_the_page_is_never_expanded_again(client, placeholder):
     assert f'data-api="tasks/{literal}"' in html and f'data-task-id="{literal}"' in html
     assert html.count('id="decision-table"') == 1 and html.count("<nav>") == 1
     assert "{{" not in client.get("/tasks/id-1").text  # every placeholder has its value
+
+
+@pytest.mark.parametrize("depth", [100_000, 2_000, 40])
+def test_deeply_nested_json_is_refused_with_a_clear_message(client, store, depth):
+    client.get("/stage")
+    headers = {"X-AITP-CSRF": client.cookies["aitp_csrf"], "Origin": "http://testserver",
+               "Content-Type": "application/json"}
+    nested = "[" * depth + "]" * depth
+    inside = '{"stage": "split", "split": {"percent": 5, "tenants": ' + nested + "}}"
+    for body in (nested, inside):
+        response = client.post("/api/stage", content=body, headers=headers)
+        assert response.status_code == 400, (depth, response.status_code)
+        assert "nested deeper than" in response.json()["error"]
+    assert store.read_stage() is None
+    fine = client.post("/api/stage", json={"stage": "split", "split": {"tenants": ["acme"]}},
+                       headers=headers)
+    assert fine.status_code == 200, fine.text  # the stage document's own depth is fine
+    limit = MAX_JSON_DEPTH
+    assert parse_json_body(b"[" * limit + b"]" * limit) is not None
+    with pytest.raises(ValueError, match="nested deeper"):
+        parse_json_body(b"[" * (limit + 1) + b"]" * (limit + 1))
