@@ -38,7 +38,8 @@ WORKER_OPTIONS = (
     click.Option(["--aitp-tiers"], default=None,
                  help="Comma-separated tiers to serve (default: all tiers)."),
     click.Option(["--aitp-no-default-queue"], is_flag=True, default=False,
-                 help="Consume only tier queues, not the default queue."),
+                 help="Do not consume the default queue (other queues given with -Q "
+                      "are kept)."),
     click.Option(["--aitp-express"], is_flag=True, default=False,
                  help="An express worker: serve only the top tier, not the default queue. "
                       "Run one with a process or two beside the regular workers, on the "
@@ -229,7 +230,9 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         names = list(physical_groups(self.middleware.layout, self.plan.queue_names()))
         for name in names:
             queues.add(self.middleware.queue(name))
-        others = [] if self.plan.no_default_queue else list(queues.consume_from)
+        others = [] if self.plan.express else [  # an express worker: its tier alone
+            q for q in queues.consume_from  # the rest: what -Q (or Celery) chose, and
+            if not (self.plan.no_default_queue and q == app.conf.task_default_queue)]
         queues.select(names + [q for q in others if q not in names])
         # Tiers in order: read queues by tier (weighted, so lower tiers keep a guaranteed
         # share; or strictly), reserve at most one message per pool process (prefetch is

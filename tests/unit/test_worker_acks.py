@@ -230,6 +230,17 @@ def test_a_strict_worker_names_the_conflicts_at_start_up(app, caplog):
     assert Delivery(app, "acks.plain", "default-q").start().acks == ["ack"]
 
 
+def test_no_default_queue_keeps_the_other_queues_given_with_q(app):
+    """``-Q special --aitp-no-default-queue`` dropped ``special`` too: its tasks, sent
+    there by ``queue=`` or ``task_routes``, were stranded."""
+    app.amqp.queues.select(["special", app.conf.task_default_queue])  # what -Q does
+    worker = SimpleNamespace(app=app, hostname="w@test", prefetch_multiplier=1)
+    AitpWorkerStep(worker, aitp_tenant=("acme",), aitp_no_default_queue=True)
+    consumed = list(app.amqp.queues.consume_from)
+    assert "special" in consumed and app.conf.task_default_queue not in consumed
+    assert consumed[0] == "aitp.acme.cpu.hi"  # the tiers first
+
+
 def test_a_worker_without_strict_changes_no_acks(app, caplog):
     worker = SimpleNamespace(app=app, hostname="w@test", prefetch_multiplier=1)
     with caplog.at_level(logging.WARNING, logger="celery_aitp.worker.bootstep"):
