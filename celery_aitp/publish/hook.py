@@ -31,8 +31,8 @@ class AitpRouter(Router):
         options = self.expand_destination(options)
         if self.routes:
             route = self.lookup_route(name, args, kwargs, options, task_type)
-            if route:
-                return lpmerge(self.expand_destination(route), options)
+            if route:  # a route may set options only (a priority): still nobody's choice
+                options = lpmerge(self.expand_destination(route), options)
         if "queue" in options or options.get("exchange") or options.get("routing_key"):
             return options
         options = lpmerge(self.expand_destination(self.app.conf.task_default_queue), options)

@@ -78,6 +78,18 @@ def test_user_task_routes_are_respected(app, store, published):
     assert header(published[-1])["reason"] == "explicit_queue"
 
 
+def test_a_route_without_a_destination_leaves_the_task_to_the_middleware(app, store,
+                                                                         published):
+    """``task_routes`` giving a priority only chose no queue: it was taken as an
+    explicit one and never routed."""
+    app.conf.task_routes = {"tests.unit.conftest.plain": {"priority": 3}}
+    make_live(store, "aitp.default.cpu.lo")
+    refresh(app)
+    app.tasks["tests.unit.conftest.plain"].delay(1)
+    assert published[-1]["routing_key"] == "aitp.default.cpu.lo"
+    assert header(published[-1])["routed"] is True
+
+
 def test_explicit_dead_tier_queue_falls_back_to_default(app, store, published):
     make_live(store)
     refresh(app)
