@@ -54,6 +54,7 @@ def explain(record: Mapping[str, Any], policy: Policy, note: str | None = None) 
         "task": record.get("task"),
         "task_id": record.get("task_id"),
         "tenant": record.get("tenant"),
+        "tenant_note": _tenant_note(record.get("notes")),
         "decided_at": record.get("decided_at"),
         "factors": rows,
         "score": record.get("score"),
@@ -98,8 +99,42 @@ def explain_task(middleware: Any, task_id: str) -> dict[str, Any] | None:
     return explain(record, policy, note)
 
 
-def tier_story(steps: Mapping[str, Any] | None, tier: str | None) -> str:
-    """One line: how the task's size class became its tier."""
+#: What a decision's notes say about its tenant, for ``explain``.
+_TENANT_NOTES = {
+    "tenant_unknown": "the task named a tenant the policy does not list (or not a valid "
+                      "name): counted as the default tenant",
+    "tenant_refused": "the task named a tenant whose header is not trusted: counted as "
+                      "the default tenant",
+}
+
+
+def _tenant_note(notes: Any) -> str | None:
+    if not isinstance(notes, list):
+        return None
+    return next((_TENANT_NOTES[n] for n in notes if n in _TENANT_NOTES), None)
+
+
+def tier_ranges(tiers: Sequence[str], bounds: Sequence[float]) -> list[str]:
+    """``hi < 0.06 s``, ``0.06 s <= mid < 1.4 s``, ``lo >= 1.4 s``: the sizes each tier
+    takes (a tier the boundaries leave empty is left out)."""
+    edges = [0.0, *bounds, float("inf")]
+    out = []
+    for tier, low, high in zip(tiers, edges, edges[1:], strict=False):
+        if low >= high:
+            continue
+        if low <= 0:
+            out.append(f"{tier} < {high:.3g} s")
+        elif high == float("inf"):
+            out.append(f"{tier} >= {low:.3g} s")
+        else:
+            out.append(f"{low:.3g} s <= {tier} < {high:.3g} s")
+    return out
+
+
+def tier_story(steps: Mapping[str, Any] | None, tier: str | None,
+               tiers: Sequence[str] = ()) -> str:
+    """One line: how the task's size class became its tier (``tiers``: the policy's,
+    highest first, to say which sizes each takes)."""
     if not steps:
         return f"tier {tier}"
     size = steps.get("effective_size_s")
@@ -109,15 +144,17 @@ def tier_story(steps: Mapping[str, Any] | None, tier: str | None) -> str:
     elif not bounds:
         parts = [f"effective size {_seconds(size)}; no boundaries yet -> {steps.get('size')}"]
     else:
-        edges = ", ".join(_seconds(b) for b in bounds)
+        if tiers and len(bounds) == len(tiers) - 1:
+            edges = "; ".join(tier_ranges(tiers, bounds))
+        else:
+            edges = "boundaries " + ", ".join(_seconds(b) for b in bounds)
         of = f" of {steps['bounds_of']}" if steps.get("bounds_of") else ""
-        parts = [f"effective size {_seconds(size)} (boundaries {edges}{of}) -> "
-                 f"{steps.get('size')}"]
+        parts = [f"effective size {_seconds(size)} ({edges}{of}) -> {steps.get('size')}"]
     if isinstance(steps.get("boost"), (int, float)) and steps["boost"] > 1:
         parts.append(f"boosted x{steps['boost']:g} for missed SLAs")
     if steps.get("floor"):
         parts.append(f"declared floor {steps['floor']}")
-    parts.append(f"tenant cap {steps.get('cap')}")
+    parts.append(f"the tenant's max_tier {steps.get('cap')}")
     if steps.get("fair_share"):
         parts.append("above fair share: one tier lower")
     return "; ".join(parts) + f" => {tier}" + spill_story(steps.get("spill"))

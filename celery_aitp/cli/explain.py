@@ -40,6 +40,8 @@ def _render(data: dict[str, Any], default_queue: str) -> None:
     route = data["route"]
     console.print(f"task [bold]{data['task_id']}[/bold] {data['task']}  tenant "
                   f"[bold]{data['tenant']}[/bold]  stage {route['stage']}")
+    if data.get("tenant_note"):
+        console.print(f"tenant: {data['tenant_note']}")
     if route["routed"]:
         console.print(f"route: [green]{route['queue']}[/green] (routed)")
     elif route["reason"] == EXPLICIT_QUEUE:
@@ -53,7 +55,7 @@ def _render(data: dict[str, Any], default_queue: str) -> None:
           [(r["factor"], r["value"], r["weight"], r["contribution"]) for r in data["factors"]])
     console.print(f"urgency {_num(data['score'])} (the size counts "
                   f"{_num(data['urgency_range'])} ** urgency times shorter)")
-    console.print(tier_story(data["tier_steps"], data["tier"]))
+    console.print(tier_story(data["tier_steps"], data["tier"], data["tiers"]))
     profile = data["profile"] or {}
     sources = profile.get("sources") or {}
     table("profile", ["resource", "value", "from"],

@@ -11,6 +11,7 @@ import click
 from celery_aitp.cli.celery_command import middleware_of
 from celery_aitp.cli.output import console, emit_json, fail, table
 from celery_aitp.errors import AitpError
+from celery_aitp.explain import tier_ranges
 from celery_aitp.migration.describe import when
 from celery_aitp.scheduling.feedback import boost_history, read_boosts
 from celery_aitp.scheduling.size_classes import SizeClasses
@@ -58,7 +59,7 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
     for accelerator, found in sorted(classes.items()):
         bounds = found["bounds_s"]
         text = "too few recent sizes: every task takes the lowest tier" if bounds is None \
-            else "; ".join(_range(tiers, bounds))
+            else "; ".join(tier_ranges(tiers, bounds))
         rows.append((accelerator, found["recent_sizes"], text))
     table("size classes (effective size: predicted size over urgency and boost)",
           ["accelerator", "recent sizes", "tiers"], rows)
@@ -84,19 +85,3 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
     table("boost changes (newest first)", ["time", "tenant", "old", "new", "why"],
           [(when(e.get("at")), e.get("tenant"), e.get("old"), e.get("new"), e.get("why"))
            for e in history])
-
-
-def _range(tiers: tuple[str, ...], bounds: list[float]) -> list[str]:
-    """``hi < 0.06 s``, ``0.06 s <= mid < 1.4 s``, ``lo >= 1.4 s`` (empty classes left out)."""
-    edges = [0.0, *bounds, float("inf")]
-    out = []
-    for tier, low, high in zip(tiers, edges, edges[1:], strict=False):
-        if low >= high:
-            continue
-        if low <= 0:
-            out.append(f"{tier} < {high:.3g} s")
-        elif high == float("inf"):
-            out.append(f"{tier} >= {low:.3g} s")
-        else:
-            out.append(f"{low:.3g} s <= {tier} < {high:.3g} s")
-    return out

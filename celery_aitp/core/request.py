@@ -251,6 +251,7 @@ class Decision:
             "factors": self.factors,
             "profile": self.profile,
             "tier_steps": self.tier_steps,
+            "notes": self.notes,  # what explain tells besides the steps (a refused tenant)
             "decided_at": self.decided_at,
             "origin_at": self.origin_at,
         }
@@ -287,7 +288,8 @@ class Decision:
                 f'"predicted_p90_s":{json_number(self.predicted_p90_s)},'
                 f'"score":{json_number(self.score)},'
                 f'"factors":{_ENCODE(self.factors)},'
-                f'"profile":{_ENCODE(self.profile)},"tier_steps":{_ENCODE(self.tier_steps)}')
+                f'"profile":{_ENCODE(self.profile)},"tier_steps":{_ENCODE(self.tier_steps)},'
+                f'"notes":{_ENCODE(self.notes)}')
 
 
 def header_json(prefix: str, decided_at: Any) -> str:

@@ -54,7 +54,13 @@ def test_explain_matches_the_route_the_task_was_given(app, store, published):
     text = run(app, "explain", plain.id)
     assert text.exit_code == 0, text.output
     assert "Celery's own route (default queue default-q)" in text.output
-    assert "no_live_worker" in text.output and "tenant cap mid" in text.output
+    assert "no_live_worker" in text.output and "the tenant's max_tier mid" in text.output
+    stranger = app.tasks["tests.unit.conftest.plain"].apply_async(
+        (1,), headers={"aitp_tenant": "t001"})  # not in the policy: the default tenant
+    app.aitp.live.flush()
+    told = " ".join(run(app, "explain", stranger.id).output.split())  # lines folded
+    assert "tenant default" in told and "does not list" in told
+    assert "does not list" not in text.output  # globex is listed
     missing = run(app, "explain", "no-such-task")
     assert missing.exit_code == 1 and "no decision recorded" in missing.output
 
@@ -102,7 +108,12 @@ def test_tier_story_reads_like_the_steps():
              "floor": "mid", "cap": "hi", "fair_share": True}
     assert tier_story(steps, "lo") == (
         "effective size 2.5 s (boundaries 0.0625 s, 1.41 s) -> lo; declared floor mid; "
-        "tenant cap hi; above fair share: one tier lower => lo")
+        "the tenant's max_tier hi; above fair share: one tier lower => lo")
+    assert tier_story(steps, "lo", ("hi", "mid", "lo")).startswith(
+        "effective size 2.5 s (hi < 0.0625 s; 0.0625 s <= mid < 1.41 s; lo >= 1.41 s) -> lo;")
+    # an empty middle tier is left out, not shown as two equal boundaries
+    assert tier_story(dict(steps, bounds_s=[0.0905, 0.0905]), "lo", ("hi", "mid", "lo")
+                      ).startswith("effective size 2.5 s (hi < 0.0905 s; lo >= 0.0905 s) -> lo;")
     assert tier_story(dict(steps, bounds_of="cpu~history"), "lo").startswith(
         "effective size 2.5 s (boundaries 0.0625 s, 1.41 s of cpu~history) -> lo;")
     assert tier_story(dict(steps, bounds_s=None), "lo").startswith(
