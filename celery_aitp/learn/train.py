@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from celery_aitp.errors import ModelError
 from celery_aitp.extras import require
 from celery_aitp.learn.dataset import MIN_RUNTIME_S, Dataset, Observation, build_dataset
 from celery_aitp.predict.bundle import (
@@ -321,15 +320,13 @@ def prefer_residual(spec: FeatureSpec, train_x: Matrix, valid_x: Matrix,
     return not (direct.mae < residual.mae and direct.within_2x > residual.within_2x)
 
 
-def bundle_boosters(bundle: ModelBundle) -> tuple[Any, Any]:
+def bundle_boosters(bundle: ModelBundle, role: str = "") -> tuple[Any, Any]:
     """A bundle's p50 and p90 LightGBM models, loaded from their text (never pickle), for
-    scoring offline; ``ModelError`` if their feature count is not the metadata's."""
-    width = len(spec_from_meta(bundle.meta).names)
-    boosters = (booster_from_text(bundle.p50_text, "p50 model"),
-                booster_from_text(bundle.p90_text, "p90 model"))
-    if any(b.num_feature() != width for b in boosters):
-        raise ModelError("model feature count differs from its metadata")
-    return boosters
+    scoring offline; ``ModelError`` (``role`` and the file in its text) if a text is not
+    one LightGBM can load safely or its features are not the metadata's."""
+    names = list(spec_from_meta(bundle.meta).names)
+    return (booster_from_text(bundle.p50_text, role + bundle.label("p50"), names),
+            booster_from_text(bundle.p90_text, role + bundle.label("p90"), names))
 
 
 def bundle_seconds(bundle: ModelBundle, observations: Sequence[Observation]
@@ -428,14 +425,11 @@ def current_model_error(result: TrainResult, current: ModelBundle) -> float:
     """Log error (``Scores.log_error``) of the model in use on the new model's validation
     records: the same window, so promotion compares like with like. ModelError if it
     cannot predict them (e.g. another feature schema)."""
-    from celery_aitp.predict.bundle import base_default, booster_from_text, spec_from_meta
-
     if result.bundle is None:
         raise ValueError("no new model to compare with")
     valid = result.dataset.observations[-int(result.bundle.meta["records"]["valid"]):]
     spec = spec_from_meta(current.meta)
-    boosters = (booster_from_text(current.p50_text, "current p50 model"),
-                booster_from_text(current.p90_text, "current p90 model"))
+    boosters = bundle_boosters(current, "current ")
     low, _ = Matrix(spec, valid, base_default(current.meta)).seconds(boosters)
     truth = [o.runtime_s or 0.0 for o in valid]
     return scores("current model", truth, low.tolist()).log_error

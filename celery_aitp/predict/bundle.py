@@ -6,11 +6,14 @@ On disk a model is a directory (``celery-aitp train --out MODEL``)::
     MODEL/p50.txt     LightGBM text model of log runtime (L2)
     MODEL/p90.txt     LightGBM text model of the 0.9 quantile of log runtime
 
-Each ``.txt`` loads with ``lightgbm.Booster(model_file=...)``. Loading for prediction
-checks the format and feature list, reads both texts strictly, compiles them and checks
-the compiled code against the scores LightGBM gave at training for the stored check rows;
-anything wrong raises :class:`ModelError` with the reason. The trainer checks the
-compiled code against LightGBM itself on probe rows before a model can be promoted.
+Each ``.txt`` is LightGBM's own text format. Loading for prediction checks the format and
+feature list, reads both texts strictly (:mod:`lgb_text`), compiles them and checks the
+compiled code against the scores LightGBM gave at training for the stored check rows;
+anything wrong raises :class:`ModelError` naming the file and the reason. A text reaches
+LightGBM itself (trainer, offline tools) only through :func:`booster_from_text`, after the
+same strict read: LightGBM kills the process on some texts it cannot parse. The trainer
+checks the compiled code against LightGBM itself on probe rows before a model can be
+promoted.
 """
 
 from __future__ import annotations
@@ -41,10 +44,18 @@ MIN_CHECK_ROWS = 8
 class ModelBundle:
     """Metadata and the two model texts, exactly as written by the trainer."""
 
-    def __init__(self, meta: Mapping[str, Any], p50_text: str, p90_text: str) -> None:
+    def __init__(self, meta: Mapping[str, Any], p50_text: str, p90_text: str,
+                 source: str | Path | None = None) -> None:
         self.meta = dict(meta)
         self.p50_text = p50_text
         self.p90_text = p90_text
+        #: The directory it was read from (None: from the store, or made in memory).
+        self.source = source
+
+    def label(self, which: str) -> str:
+        """How errors name one of the two texts (``which``: p50 or p90): with its file."""
+        name = f"{which}.txt"
+        return f"{which} model ({Path(self.source) / name if self.source else name})"
 
     @property
     def version(self) -> str:
@@ -72,7 +83,7 @@ class ModelBundle:
         except UnicodeDecodeError as exc:
             raise ModelError(f"{path}: a model file is not UTF-8 text (byte {exc.start})") \
                 from None
-        return cls(parse_meta(texts["meta.json"]), texts["p50.txt"], texts["p90.txt"])
+        return cls(parse_meta(texts["meta.json"]), texts["p50.txt"], texts["p90.txt"], path)
 
 
 def parse_meta(text: Any) -> dict[str, Any]:
@@ -140,14 +151,14 @@ def spec_from_meta(meta: Mapping[str, Any]) -> FeatureSpec:
     return spec
 
 
-def booster_from_text(text: str, what: str) -> Any:
-    """A LightGBM Booster (offline tools and the trainer only; see :mod:`lgb_text`)."""
+def booster_from_text(text: str, what: str, feature_names: list[str] | None = None) -> Any:
+    """A LightGBM Booster (offline tools and the trainer only), from a text that passed the
+    strict reader first, and whose features are ``feature_names`` when given: LightGBM
+    aborts the process on some malformed texts (see :mod:`lgb_text`). ``what`` names the
+    text in the ModelError."""
     import lightgbm
 
-    try:
-        parse_model_text(text)  # LightGBM aborts the process on some malformed texts
-    except ModelError as exc:
-        raise ModelError(f"{what}: {exc}") from None
+    _parse(text, what, feature_names)
     try:
         return lightgbm.Booster(model_str=text)
     except Exception as exc:  # LightGBMError and friends: the text is corrupt
@@ -155,12 +166,14 @@ def booster_from_text(text: str, what: str) -> Any:
         raise ModelError(f"{what} is not a valid LightGBM text model: {first}") from None
 
 
-def _parse(text: str, what: str, spec: FeatureSpec) -> dict[str, Any]:
+def _parse(text: str, what: str, feature_names: list[str] | None) -> dict[str, Any]:
+    """The strict read of one text (every path to a model goes through it); ModelError
+    prefixed with ``what``."""
     try:
         dump = parse_model_text(text)
     except ModelError as exc:
         raise ModelError(f"{what}: {exc}") from None
-    if dump["feature_names"] != list(spec.names):
+    if feature_names is not None and dump["feature_names"] != feature_names:
         raise ModelError(f"{what}: its feature names differ from the metadata's")
     return dump
 
@@ -175,8 +188,10 @@ def load_bundle(bundle: ModelBundle) -> LoadedModel:
     spec = spec_from_meta(bundle.meta)
     if bundle.meta.get("p90") != "offset":
         raise ModelError(f"unknown p90 model kind {bundle.meta.get('p90')!r} (expected 'offset')")
-    compiled = CompiledRuntimeModel(_parse(bundle.p50_text, "p50 model", spec),
-                                    _parse(bundle.p90_text, "p90 model", spec), len(spec.names))
+    names = list(spec.names)
+    compiled = CompiledRuntimeModel(_parse(bundle.p50_text, bundle.label("p50"), names),
+                                    _parse(bundle.p90_text, bundle.label("p90"), names),
+                                    len(names))
     verify_check_rows(compiled, bundle.meta, spec)
     return LoadedModel(bundle, spec, compiled)
 

@@ -32,11 +32,12 @@ def test_a_saved_model_is_text_and_loads_back(trained):
 
 
 @pytest.mark.parametrize("spoil, message", [
-    (lambda b: ModelBundle(b.meta, "tree\nnot a model", b.p90_text), "p50 model: .*truncated"),
+    (lambda b: ModelBundle(b.meta, "tree\nnot a model", b.p90_text),
+     r"p50 model \(p50.txt\): .*truncated"),
     (lambda b: ModelBundle(b.meta, b.p50_text, b.p90_text[: len(b.p90_text) // 2]),
-     "p90 model: .*truncated"),
+     r"p90 model \(p90.txt\): .*truncated"),
     (lambda b: ModelBundle(b.meta, b.p50_text.replace("left_child=", "left_child=7 "),
-                           b.p90_text), "p50 model: left_child"),
+                           b.p90_text), r"p50 model \(p50.txt\): left_child"),
     (lambda b: ModelBundle(b.meta, b.p50_text.replace("feature_names=task", "feature_names=job"),
                            b.p90_text), "feature names"),
     (lambda b: copy(b, check={}), "check rows"),

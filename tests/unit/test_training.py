@@ -257,7 +257,8 @@ def test_a_bundle_whose_models_do_not_fit_its_metadata_is_refused_offline(traine
                            "feature_names": [*meta["feature_names"], "kw.extra"]},
                           trained.bundle.p50_text, trained.bundle.p90_text)
     observations = build_dataset(synthetic_records[-5:]).observations
-    with pytest.raises(ModelError, match="model feature count differs from its metadata"):
+    refused = r"p50 model \(p50.txt\): its feature names differ from the metadata's"
+    with pytest.raises(ModelError, match=refused):
         bundle_seconds(widened, observations)
-    with pytest.raises(ModelError, match="model feature count differs from its metadata"):
+    with pytest.raises(ModelError, match=refused):
         predict_records(widened, synthetic_records[-5:])
