@@ -18,7 +18,7 @@ from celery_aitp.cli.train import train_and_promote
 from celery_aitp.cli.training import parse_duration
 from celery_aitp.errors import AitpError
 from celery_aitp.extras import require
-from celery_aitp.learn.observations import last_id, stream_length
+from celery_aitp.learn.observations import count_after, last_id
 from celery_aitp.predict.drift import DriftStore
 from celery_aitp.predict.model_store import ModelStore
 from celery_aitp.redact import redact
@@ -33,12 +33,16 @@ class Trainer:
         self.min_new = min_new
         self.limit = limit
         self.stop = threading.Event()
-        self._seen: tuple[str | None, int] = (None, 0)  # newest id and length when trained
+        self._seen: str | None = None  # id of the newest observation when it last trained
 
     def due(self) -> str | None:
-        """Why this round is skipped, or None when there is something new to learn from."""
+        """Why this round is skipped, or None when there is something new to learn from.
+
+        New observations are counted by stream entry id after the newest one the last
+        round trained on: the stream is capped (``AITP_OBSERVATION_MAXLEN``), so once it
+        is full its length no longer grows, and counting by length saw none arrive."""
         store = self.middleware.store
-        newest, length = last_id(store), stream_length(store)
+        newest = last_id(store)
         if newest is None:
             return "no observations yet"
         pinned = ModelStore(store).pinned()
@@ -47,15 +51,16 @@ class Trainer:
         asked = DriftStore(store).take_due()
         if asked:  # a task's live error crossed the bound: retrain now
             console.print(f"retraining: {asked}")
-            self._seen = (newest, length)
+            self._seen = newest
             return None
-        seen_id, seen_length = self._seen
-        if newest == seen_id:
+        seen = self._seen
+        if newest == seen:
             return "no new observations"
-        new = length - seen_length if seen_id is not None else length
-        if seen_id is not None and 0 <= new < self.min_new:
-            return f"only {new} new observations (--min-new {self.min_new})"
-        self._seen = (newest, length)
+        if seen is not None and self.min_new > 0:
+            new = count_after(store, seen, self.min_new)
+            if new < self.min_new:
+                return f"only {new} new observations (--min-new {self.min_new})"
+        self._seen = newest
         return None
 
     def round(self) -> None:

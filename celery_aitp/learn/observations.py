@@ -34,6 +34,22 @@ def last_id(store: RedisStore) -> str | None:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+def count_after(store: RedisStore, entry_id: str, at_most: int) -> int:
+    """How many observations came after entry ``entry_id``, counting up to ``at_most``.
+
+    Counted by entry id, not by ``XLEN``: the stream is capped, and once full its length
+    stays at the cap however many records arrive (an entry that was trimmed away still
+    orders the newer ones). ``XRANGE`` with an exclusive start needs Redis 6.2."""
+    if at_most <= 0:
+        return 0
+    try:
+        newer = store.client.xrange(store.keys.observations, min="(" + entry_id, max="+",
+                                    count=at_most)
+    except (redis.RedisError, OSError) as exc:
+        raise StoreError(f"store unreachable: {exc}") from exc
+    return len(newer or ())
+
+
 def store_records(store: RedisStore, limit: int | None = None) -> Iterator[Any]:
     """Observation records oldest first (the newest ``limit`` if given), in pages.
 
