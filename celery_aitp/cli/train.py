@@ -44,7 +44,11 @@ def train_and_promote(middleware: Any, observations: str | None, limit: int | No
     if refusal:
         console.print(f"[yellow]not promoted[/yellow]: {refusal}")
         return result
-    models.promote(result.bundle)
+    pinned = models.promote(result.bundle, unless_pinned=True)
+    if pinned:  # pinned while the new model was compared with the one in use
+        console.print(f"[yellow]pinned meanwhile: not promoted[/yellow] (model {pinned} "
+                      "is pinned; `aitp model unpin` lets the trainer promote again)")
+        return result
     console.print(f"[green]promoted[/green] model {result.bundle.version}; producers and "
                   "workers pick it up within seconds")
     return result

@@ -8,8 +8,9 @@
 ``<prefix>:model:audit`` (list)    pins, unpins and rollbacks: who, when, why, from where
 
 Publishers only read the version (each refresh) and, when it changed, the whole hash.
-The trainer promotes (never over a pin); operators pin, unpin and roll back. Each change
-replaces the current model's fields in one transaction.
+The trainer promotes (never over a pin: the pin is checked in the promoting transaction);
+operators pin, unpin and roll back. Each change replaces the current model's fields in one
+transaction.
 """
 
 from __future__ import annotations
@@ -100,29 +101,52 @@ class ModelStore:
         meta = parse_meta(fields.get("meta", ""))
         return ModelBundle(meta, fields.get("p50", ""), fields.get("p90", ""))
 
-    def promote(self, bundle: ModelBundle) -> None:
+    def promote(self, bundle: ModelBundle, *, unless_pinned: bool = False) -> str | None:
         """Make ``bundle`` the current model for every producer and worker, and keep it
-        among the last :data:`KEEP` models (older ones are dropped)."""
+        among the last :data:`KEEP` models (older ones are dropped).
+
+        With ``unless_pinned`` (the trainers), nothing is written if a model is pinned
+        when the write happens, and the pinned version is returned (None: promoted). The
+        check and the write are one optimistic transaction (WATCH on the model hash): a
+        pin that lands between them makes the write retry, and the retry sees the pin.
+        """
         summary = {k: bundle.meta.get(k) for k in ("version", "trained_at", "window",
                                                    "metrics", "records")}
         try:
-            dropped = [_text(v) for v in self.client.lrange(self.kept_key, self.keep - 1, -1)]
-            pipe = self.client.pipeline(transaction=True)
-            self._make_current(pipe, bundle)
-            pipe.lpush(self.history_key, json.dumps(summary, default=str))
-            pipe.ltrim(self.history_key, 0, HISTORY_LIMIT - 1)
-            pipe.lrem(self.kept_key, 0, bundle.version)
-            pipe.lpush(self.kept_key, bundle.version)
-            pipe.ltrim(self.kept_key, 0, self.keep - 1)
-            pipe.hset(self.bundles_key, bundle.version, json.dumps(
-                {"meta": bundle.meta, "p50": bundle.p50_text, "p90": bundle.p90_text},
-                sort_keys=True))
-            for version in dropped:
-                if version != bundle.version:
-                    pipe.hdel(self.bundles_key, version)
-            pipe.execute()
+            with self.client.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        pipe.watch(self.key, self.kept_key)
+                        if unless_pinned:
+                            pinned = pipe.hget(self.key, "pinned")
+                            if pinned:
+                                pipe.unwatch()
+                                return _text(pinned)
+                        dropped = [_text(v) for v in pipe.lrange(self.kept_key,
+                                                                 self.keep - 1, -1)]
+                        pipe.multi()
+                        self._write_promotion(pipe, bundle, summary, dropped)
+                        pipe.execute()
+                        return None
+                    except redis.WatchError:
+                        continue  # the model or the kept list changed meanwhile: again
         except (redis.RedisError, OSError) as exc:
             raise StoreError(f"store unreachable: {exc}") from exc
+
+    def _write_promotion(self, pipe: Any, bundle: ModelBundle, summary: dict[str, Any],
+                         dropped: list[str]) -> None:
+        self._make_current(pipe, bundle)
+        pipe.lpush(self.history_key, json.dumps(summary, default=str))
+        pipe.ltrim(self.history_key, 0, HISTORY_LIMIT - 1)
+        pipe.lrem(self.kept_key, 0, bundle.version)
+        pipe.lpush(self.kept_key, bundle.version)
+        pipe.ltrim(self.kept_key, 0, self.keep - 1)
+        pipe.hset(self.bundles_key, bundle.version, json.dumps(
+            {"meta": bundle.meta, "p50": bundle.p50_text, "p90": bundle.p90_text},
+            sort_keys=True))
+        for version in dropped:
+            if version != bundle.version:
+                pipe.hdel(self.bundles_key, version)
 
     def _make_current(self, pipe: Any, bundle: ModelBundle) -> None:
         self._drift.reset(pipe)  # the live errors were the previous model's

@@ -59,6 +59,6 @@ class SimTrainer:
 
         result = train(store_records(store))
         models = ModelStore(store)
-        if result.bundle is not None and promotion_refusal(models, result) is None:
-            models.promote(result.bundle)
+        if (result.bundle is not None and promotion_refusal(models, result) is None
+                and models.promote(result.bundle, unless_pinned=True) is None):
             self.promoted += 1
