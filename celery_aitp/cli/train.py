@@ -12,6 +12,7 @@ from celery_aitp.cli.training import print_result, progress_bar
 from celery_aitp.errors import AitpError
 from celery_aitp.extras import require
 from celery_aitp.learn.dataset import read_jsonl
+from celery_aitp.learn.lock import TrainerLock
 from celery_aitp.learn.observations import store_records
 from celery_aitp.learn.promotion import promotion_refusal
 from celery_aitp.learn.train import TrainConfig, TrainResult, train
@@ -20,6 +21,8 @@ from celery_aitp.predict.model_store import ModelStore
 #: Fewest records ``--min-records`` allows: the newest 20% validate the model, and a
 #: model keeps 8 of them as check rows (with 20 to 39 it failed with an internal error).
 MIN_RECORDS_FLOOR = 40
+#: Exit status of ``aitp train`` when another trainer holds the trainer lock.
+LOCK_HELD_EXIT = 3
 
 
 def train_and_promote(middleware: Any, observations: str | None, limit: int | None,
@@ -69,14 +72,26 @@ def command(ctx: click.Context, observations: str | None, limit: int | None, out
             dry_run: bool, min_records: int) -> None:
     """Train the runtime model; promote it if it beats the last-two baseline.
 
-    Exits 1 when no model could be trained (too few usable records), as ``celery-aitp
-    train`` does, so a scheduled job sees it."""
+    Takes the trainer lock (as ``aitp trainer`` rounds do) unless ``--dry-run``; exits
+    3 when another trainer holds it. Exits 1 when no model could be trained (too few
+    usable records), as ``celery-aitp train`` does, so a scheduled job sees it."""
+    lock = None
     try:
         require("train", "celery aitp train")
-        result = train_and_promote(middleware_of(ctx), observations, limit, out, dry_run,
+        middleware = middleware_of(ctx)
+        if not dry_run:
+            taken = TrainerLock(middleware.store)
+            if not taken.acquire():
+                fail(f"another trainer holds the trainer lock ({taken.holder() or 'expired'}"
+                     "): not trained; try again when its round ends", code=LOCK_HELD_EXIT)
+            lock = taken
+        result = train_and_promote(middleware, observations, limit, out, dry_run,
                                    config=TrainConfig(min_records=min_records))
     except (AitpError, OSError) as exc:
         fail(str(exc))
+    finally:
+        if lock is not None:
+            lock.release()
     if result.bundle is None:
         raise SystemExit(1)
 

@@ -1,6 +1,8 @@
 """``celery aitp trainer --every 10m``: retrain periodically, promote only improvements.
 
-One trainer trains at a time (a lock in the store), so several can run for availability.
+One trainer trains at a time (a lock in the store, renewed while a round trains and
+released only by its holder: :mod:`celery_aitp.learn.lock`), so several can run for
+availability; ``celery aitp train`` takes the same lock.
 A round is skipped when fewer than ``--min-new`` observations arrived since the last one.
 """
 
@@ -18,6 +20,8 @@ from celery_aitp.cli.train import train_and_promote
 from celery_aitp.cli.training import parse_duration
 from celery_aitp.errors import AitpError
 from celery_aitp.extras import require
+from celery_aitp.learn.lock import TTL_S as LOCK_TTL_S
+from celery_aitp.learn.lock import TrainerLock
 from celery_aitp.learn.observations import count_after, last_id
 from celery_aitp.predict.drift import DriftStore
 from celery_aitp.predict.model_store import ModelStore
@@ -33,6 +37,8 @@ class Trainer:
         self.min_new = min_new
         self.limit = limit
         self.stop = threading.Event()
+        #: Expiry of the trainer lock; it is renewed while a round runs.
+        self.lock_ttl_s = LOCK_TTL_S
         self._seen: str | None = None  # id of the newest observation when it last trained
 
     def due(self) -> str | None:
@@ -64,10 +70,10 @@ class Trainer:
         return None
 
     def round(self) -> None:
-        store = self.middleware.store
-        lock = store.keys.any("lock", "trainer")
-        if not store.try_lock(lock, max(60.0, self.every_s), f"trainer@{time.time():.0f}"):
-            console.print("another trainer holds the lock; skipping this round")
+        lock = TrainerLock(self.middleware.store, self.lock_ttl_s)
+        if not lock.acquire():
+            console.print(f"another trainer holds the lock ({lock.holder() or 'expired'}); "
+                          "skipping this round")
             return
         try:
             skip = self.due()
@@ -77,7 +83,10 @@ class Trainer:
             train_and_promote(self.middleware, None, self.limit, None, False,
                               show_progress=False)
         finally:
-            store.client.delete(lock)
+            lock.release()  # only if still ours: never the next trainer's lock
+            if lock.lost:
+                console.print("[yellow]the trainer lock expired during this round[/yellow] "
+                              "(store unreachable for longer than its expiry?)")
 
     def run(self, rounds: int | None = None) -> None:
         done = 0

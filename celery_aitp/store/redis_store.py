@@ -252,6 +252,13 @@ class RedisStore:
         with translated_errors():
             return bool(self.client.eval(_RELEASE, 1, key, owner))
 
+    def extend_lock(self, key: str, ttl_s: float, owner: str) -> bool:
+        """Reset the expiry of a lock taken with :meth:`try_lock` to ``ttl_s``, only if
+        ``owner`` still holds it; False if it expired or another holds it now."""
+        with translated_errors():
+            return bool(self.client.eval(_EXTEND, 1, key, owner,
+                                         max(1, int(ttl_s * 1000))))
+
     def ping(self) -> bool:
         try:
             with translated_errors():
@@ -263,6 +270,10 @@ class RedisStore:
 #: Delete a lock only when its value is the caller's owner name (no one else's lock).
 _RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
             "return redis.call('del', KEYS[1]) end return 0")
+
+#: Extend a lock's expiry only when its value is the caller's owner name.
+_EXTEND = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+           "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0")
 
 
 def _queues_of(members: Iterable[Any]) -> frozenset[str]:
