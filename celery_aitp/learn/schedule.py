@@ -4,7 +4,8 @@
     add_trainer_task(app, every_s=600)      # after celery_aitp.install(app)
 
 Each run is one round of ``celery aitp trainer``: it takes the trainer lock (so several
-workers, a beat task and a trainer loop never train at once), skips the round when too
+workers, a beat task, a trainer loop and ``aitp train`` never train at once; renewed while
+the round trains, :mod:`celery_aitp.learn.lock`), skips the round when too
 few observations arrived (unless drift asked for a retrain), and promotes only a model
 that beats the baseline and the model in use, never over a pin. The worker that runs it
 needs the ``train`` extra.
