@@ -129,6 +129,7 @@ class PriorityStage:
         self.fair_share = policy.fair_share.enabled
         self.default_cost = policy.fair_share.default_cost_s
         self._cache: BoundedDict[tuple[str, str], _Static] = BoundedDict(CACHE_LIMIT)
+        self._fitted: tuple[Any, SizeClasses] = (_NO_CLASSES, _NO_CLASSES)
 
     # --- the cached part ------------------------------------------------------------
 
@@ -215,7 +216,7 @@ class PriorityStage:
         size = _size_of(decision, static.hint, self.size_power)
         boost = view.sources.get(BOOSTS_SOURCE, _NO_BOOSTS).of(decision.tenant)
         effective = None if size is None else size / (self.urgency_range ** urgency * boost)
-        classes = view.sources.get(SIZES_SOURCE, _NO_CLASSES)
+        classes = self._classes(view)
         sizes_of = bounds_family(classes, size_family(decision))
         by_size = classes.rank(sizes_of, effective, self.lowest)
         demoted = self._demoted(decision.tenant, view)
@@ -238,6 +239,19 @@ class PriorityStage:
         decision.factors = factors
         for charge in self.charges_of(decision):
             charge.pending.append(charge.item)
+
+    def _classes(self, view: View) -> SizeClasses:
+        """The view's size boundaries made for this policy's number of tiers. The value
+        in the view may have been drawn for another (a pipeline rebuilt for a new policy
+        sees its predecessor's until its own source has fetched once): ranked by those,
+        a size could get a rank past the lowest tier (IndexError). Checked once per
+        value."""
+        found = view.sources.get(SIZES_SOURCE, _NO_CLASSES)
+        seen, fitted = self._fitted
+        if found is not seen:
+            fitted = found.for_tiers(len(self.names))
+            self._fitted = (found, fitted)
+        return fitted
 
     def memo_key(self, request: Request, decision: Decision, view: View
                  ) -> tuple[bool] | None:

@@ -231,6 +231,15 @@ class SizeClasses:
             rank += 1
         return rank
 
+    def for_tiers(self, tiers: int) -> SizeClasses:
+        """The boundaries made for ``tiers`` tiers (``tiers - 1`` of them per class): a
+        class whose boundaries were drawn for another number of tiers (by a source of a
+        policy with other tiers) is left out, as if it had none yet, since its ranks
+        could name a tier this policy does not have. ``self`` when every class fits."""
+        fitting = {accelerator: cuts for accelerator, cuts in self.cuts.items()
+                   if len(cuts) == tiers - 1}
+        return self if len(fitting) == len(self.cuts) else SizeClasses(fitting)
+
     def as_dict(self) -> dict[str, list[float]]:
         """Boundaries in seconds per accelerator class (for explain and the dashboard)."""
         return {accelerator: list(bounds) for accelerator, bounds in self.bounds.items()}

@@ -144,7 +144,12 @@ class SizeSource:
 
     def fetch(self, store: RedisStore, previous: Any) -> SizeClasses:
         now = self.clock()
-        if now - self._last < self.settings.refresh_s and not self._awaits_boundaries(previous):
+        # boundaries drawn for another number of tiers (the value a source of another
+        # policy left in the view) are dropped and drawn again in this round
+        fitted = previous.for_tiers(self.tiers) if isinstance(previous, SizeClasses) \
+            else SizeClasses()
+        if fitted is previous and now - self._last < self.settings.refresh_s and \
+                not self._awaits_boundaries(previous):
             return previous
         self._last = now
         amounts = self.drain()
@@ -160,8 +165,7 @@ class SizeSource:
             self._carry = amounts  # sent with the next round (a sum: bounded in size)
             raise
         hists = current_histograms(decode_hash(raw))[0]
-        return classes_for(hists, previous if isinstance(previous, SizeClasses)
-                           else SizeClasses(), self.tiers, self.settings)
+        return classes_for(hists, fitted, self.tiers, self.settings)
 
     def _awaits_boundaries(self, previous: Any) -> bool:
         """Whether this process's newest placement is of a class without boundaries.

@@ -151,7 +151,8 @@ def test_either_kind_of_size_stands_in_for_the_other_until_it_has_boundaries():
     cold, stage = decide(req(), p50=0.05, p90=0.1, snapshot=model_only, source="history")
     assert cold.tier == "hi" and cold.tier_steps["bounds_of"] == "cpu"
     assert [c.item[0] for c in stage.charges_of(cold)][1:] == ["cpu~history"]
-    both = SizeClasses({"cpu": CLASSES.cuts["cpu"], "cpu~history": (size_bin(0.01),)})
+    both = SizeClasses({"cpu": CLASSES.cuts["cpu"],
+                        "cpu~history": (size_bin(0.01), size_bin(4.0))})
     own, _ = decide(req(), p50=0.05, p90=0.1, snapshot=view(classes=both), source="history")
     assert own.tier == "mid" and own.tier_steps["bounds_of"] == "cpu~history"
 
@@ -295,3 +296,16 @@ def test_a_quantile_between_the_median_and_the_p90_follows_the_log_normal_throug
     for bad in (0.4, 0.95):
         with pytest.raises(PolicyError, match="size_quantile"):
             parse_policy({**TEST_POLICY, "placement": {"size_quantile": bad}})
+
+
+def test_boundaries_drawn_for_another_number_of_tiers_are_ignored():
+    """A pipeline rebuilt for a policy with other tiers sees its predecessor's
+    boundaries until its own source has fetched: three boundaries (four tiers) ranked a
+    long task 3, past this policy's lowest tier (IndexError, and the task fell back)."""
+    four_tiers = SizeClasses({"cpu": (size_bin(0.25), size_bin(1.0), size_bin(4.0))})
+    d, _ = decide(req(), p90=100.0, snapshot=view(classes=four_tiers))
+    assert d.tier == "lo" and d.tier_steps["bounds_s"] is None
+    # a class whose boundaries fit keeps them beside one that does not
+    mixed = SizeClasses({**four_tiers.cuts, "cpu~history": CLASSES.cuts["cpu"]})
+    d, _ = decide(req(), p90=0.1, snapshot=view(classes=mixed))
+    assert d.tier == "hi" and d.tier_steps["bounds_of"] == "cpu~history"

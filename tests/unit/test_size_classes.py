@@ -281,3 +281,19 @@ def test_bad_placement_split_settings_are_refused_by_path(field, value):
 
     with pytest.raises(PolicyError, match=rf"placement\.{field}"):
         parse_policy({"placement": {field: value}})
+
+
+def test_boundaries_drawn_for_another_number_of_tiers_are_drawn_again_at_once(store):
+    """The value a source of a policy with other tiers left in the view: dropped and
+    drawn again in the next round, not kept for refresh_s."""
+    settings = PlacementSettings(refresh_s=60.0, min_samples=20)
+    now = [1000.0]
+    source = SizeSource(settings, 3, lambda: now[0])
+    source.pending.extend(("cpu", s) for s in bimodal(400))
+    three = source.fetch(store, SizeClasses())
+    assert len(three.cuts["cpu"]) == 2
+    four = SizeClasses({"cpu": (3, 10, 20), "gpu": (3, 10, 20)})
+    now[0] += 1.0  # well within refresh_s
+    again = source.fetch(store, four)
+    assert again.cuts == three.cuts  # gpu had too few sizes: no boundaries at all
+    assert four.for_tiers(4) is four and four.for_tiers(3).cuts == {}
