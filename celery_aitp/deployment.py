@@ -25,7 +25,13 @@ from celery_aitp.errors import PolicyError, StoreError
 from celery_aitp.layout import Layout, layout_for
 from celery_aitp.policy import Policy, TenantNames
 from celery_aitp.policy_history import PolicyRecorder, describe_source, policy_digest
-from celery_aitp.policy_live import ACTIVE_POLICY_SOURCE, ActivePolicySource, active_policy
+from celery_aitp.policy_live import (
+    ACTIVE_POLICY_SOURCE,
+    ActivePolicySource,
+    TiersDiffer,
+    active_policy,
+    tiers_differ,
+)
 from celery_aitp.publish.live_view import LiveView
 from celery_aitp.publish.visibility_stage import REDIS_DRIVERS, visibility_timeout_s
 from celery_aitp.redact import redact
@@ -115,7 +121,7 @@ class Deployment:
         )
         self._attach(live)
         live.set_writer(self.store.keys.decisions, self.decision_log.append)
-        live.add_flusher(self.policy_recorder)
+        live.add_flusher(self._record_policy)
         live.add_source(ActivePolicySource())
         live.on_refresh(self._follow_active_policy)
         return live
@@ -132,6 +138,10 @@ class Deployment:
     def policy_recorder(self) -> PolicyRecorder:
         """Records this process's policy in the store's policy history (once)."""
         return PolicyRecorder(self.policy, self.policy_origin())
+
+    def _record_policy(self, store: RedisStore) -> None:
+        """Live-view flusher: the recorder of the policy this process decides by now."""
+        self.policy_recorder(store)
 
     @cached_property
     def policy_digest(self) -> str:
@@ -184,22 +194,33 @@ class Deployment:
         if policy is not None:
             try:
                 self.adopt_policy(policy, f"policy apply ({digest})")
+            except TiersDiffer as exc:  # a rolling restart to other tiers: not an error
+                self._refuse_policy(digest, exc, logging.WARNING)
             except PolicyError as exc:
                 self._refuse_policy(digest, exc)
 
-    def _refuse_policy(self, digest: str, exc: Exception) -> None:
+    def _refuse_policy(self, digest: str, exc: Exception, level: int = logging.ERROR) -> None:
+        """Keep this process's policy, say so once per applied version, and record it in
+        the history as one a process keeps (``policy apply`` and ``rollback`` see its
+        tiers are running; ``explain`` finds the policy its decisions name)."""
         self._refused_policy = digest
         self.counters.incr("policy_refused")
-        logger.error("aitp: keeping policy %s; the applied policy %s is refused here: %s",
-                     self.policy_digest, digest, redact(exc))
+        self.policy_recorder.keep(f"refused the applied {digest}: {redact(exc)}"[:500])
+        logger.log(level, "aitp: keeping policy %s; the applied policy %s is refused "
+                   "here: %s", self.policy_digest, digest, redact(exc))
 
     def adopt_policy(self, policy: Policy, origin: str) -> None:
         """Decide by ``policy`` from now on: settings and what is built from the policy
         are rebuilt (:meth:`_rebuild` for the rest). Raises PolicyError if this process's
         settings reject it (e.g. its ``aitp_producer_tenant`` is not a tenant of it);
-        then nothing changes."""
+        then nothing changes, and :class:`TiersDiffer` if its tiers differ from this
+        process's (they name the queues it routes to or reads: they never change at run
+        time, so they are still those of the policy it started with)."""
         if policy_digest(policy) == self.policy_digest:
             return
+        differ = tiers_differ(self.policy, policy, origin)
+        if differ is not None:
+            raise differ
         try:
             settings = type(self.settings).model_validate(
                 {**dict(self.settings), "policy": policy})

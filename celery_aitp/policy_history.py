@@ -30,11 +30,17 @@ from celery_aitp.store.redis_store import (
 
 logger = logging.getLogger(__name__)
 
+#: What an entry recorded by a process that keeps its own policy while another one is
+#: applied says it did (``policy:history``; one without ``action`` is a start).
+KEEP = "keep"
+
 #: KEYS[1] history list, KEYS[2] the applied policy's digest (celery_aitp.policy_live);
-#: ARGV: digest, entry JSON, limit. Returns 1 when appended. Once a policy has been
-#: applied, the fleet follows it and a process's own starting policy is not a change.
+#: ARGV: digest, entry JSON, limit, '1' if the process keeps its own policy although one
+#: is applied. Returns 1 when appended. Once a policy has been applied, the fleet follows
+#: it and a process's own starting policy is not a change, unless the process does not
+#: follow it (its tiers differ: a rolling restart with a new file is under way).
 _RECORD = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local newest = redis.call('LINDEX', KEYS[1], 0)
 if newest then
   local ok, doc = pcall(cjson.decode, newest)
@@ -76,11 +82,23 @@ class PolicyRecorder:
         self.source = source
         self.digest = policy_digest(policy)
         self.done = False
+        #: Why this process keeps its policy although another one is applied (None: it
+        #: follows the applied one, or none is applied).
+        self.kept: str | None = None
+
+    def keep(self, why: str) -> None:
+        """Record the policy (again) as one this process keeps while another is applied:
+        ``policy apply`` and ``rollback`` then know that processes run its tiers."""
+        self.kept = why
+        self.done = False
 
     def entry(self) -> dict[str, Any]:
-        return {"at": time.time(), "source": self.source, "digest": self.digest,
-                "host": socket.gethostname(), "pid": os.getpid(),
-                "policy": policy_document(self.policy)}
+        entry = {"at": time.time(), "source": self.source, "digest": self.digest,
+                 "host": socket.gethostname(), "pid": os.getpid(),
+                 "policy": policy_document(self.policy)}
+        if self.kept is not None:
+            entry.update(action=KEEP, reason=self.kept)
+        return entry
 
     def record(self, store: RedisStore) -> bool:
         """Append if the newest entry has another digest; True if appended."""
@@ -88,7 +106,8 @@ class PolicyRecorder:
             script = store.client.register_script(_RECORD)
             added = script(keys=[store.keys.policy_history,
                                  store.keys.any("policy", "active", "digest")],
-                           args=[self.digest, json.dumps(self.entry()), HISTORY_LIMIT])
+                           args=[self.digest, json.dumps(self.entry()), HISTORY_LIMIT,
+                                 "1" if self.kept is not None else "0"])
         return bool(added)
 
     def __call__(self, store: RedisStore) -> None:
@@ -96,7 +115,12 @@ class PolicyRecorder:
         if self.done:
             return
         if self.record(store):  # raises StoreError: tried again next round
-            logger.info("aitp: active policy changed to %s (%s)", self.digest, self.source)
+            if self.kept is not None:
+                logger.info("aitp: recorded policy %s (%s), which this process keeps",
+                            self.digest, self.source)
+            else:
+                logger.info("aitp: active policy changed to %s (%s)", self.digest,
+                            self.source)
         self.done = True
 
 

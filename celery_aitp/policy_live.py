@@ -13,8 +13,13 @@ is applied, the one a process starts with (file, ``app.conf`` or ``install()``) 
 initial version; once one is active, a process started with another adopts the active
 one on its first round, so a restart never quietly reverts an applied change.
 
-What cannot change live is refused when applying: the tier names, which name the
-broker queues workers consume (change them with a rolling restart).
+What cannot change live are the tier names, which name the broker queues workers
+consume: a process never adopts an applied policy whose tiers differ from its own (it
+keeps its policy, says so once in its log and records it in the history as ``keep``),
+and ``apply`` refuses tiers that neither the active policy has nor any process recorded
+starting with (or keeping) since the active one was applied. Tiers change by a rolling
+restart with the new file; once processes run it, ``apply`` of it (or of a policy with
+its tiers) is accepted, and every process with those tiers follows.
 """
 
 from __future__ import annotations
@@ -82,13 +87,54 @@ def who_applies() -> str:
         return f"uid:{os.getuid()}" if hasattr(os, "getuid") else "unknown"
 
 
-def check_replaceable(current: Policy, new: Policy) -> None:
-    """Refuse a change processes cannot follow without a restart."""
-    if current.tier_names != new.tier_names:
+class TiersDiffer(PolicyError):
+    """A policy whose tiers differ from those a process runs: it cannot follow it live."""
+
+
+def tiers_differ(own: Policy, other: Policy, other_name: str) -> TiersDiffer | None:
+    """The refusal to adopt ``other`` in a process deciding by ``own``, if its tiers
+    differ (None if they are the same)."""
+    if own.tier_names == other.tier_names:
+        return None
+    return TiersDiffer(
+        f"its tiers {list(other.tier_names)} differ from this process's "
+        f"{list(own.tier_names)}, and tiers do not change at run time ({other_name}); "
+        "to change tiers, finish the rolling restart with the new policy file, then "
+        "`celery aitp policy apply` it")
+
+
+def started_tiers(store: RedisStore) -> set[tuple[str, ...]]:
+    """The tiers of the policies processes recorded starting with (or keeping) since the
+    active one was applied: what parts of the fleet run besides it (none before any
+    apply)."""
+    found: set[tuple[str, ...]] = set()
+    if read_active(store) is None:
+        return found
+    for entry in policy_history(store, HISTORY_LIMIT):
+        if entry.get("action") in (APPLY, ROLLBACK):
+            break  # the active one's entry: what came before is not running any more
+        document = entry.get("policy")
+        if not isinstance(document, dict):
+            continue
+        try:
+            found.add(parse_policy(document).tier_names)
+        except PolicyError:  # written by another version: not this one's to judge
+            continue
+    return found
+
+
+def check_replaceable(current: Policy, new: Policy,
+                      running: set[tuple[str, ...]] | frozenset[tuple[str, ...]] = frozenset()
+                      ) -> None:
+    """Refuse a change no process can follow without a restart: tiers that are neither
+    the active policy's nor in ``running`` (see :func:`started_tiers`)."""
+    if current.tier_names != new.tier_names and new.tier_names not in running:
         raise PolicyError(
-            f"tiers: {list(new.tier_names)} differ from the active {list(current.tier_names)}; "
-            "tier names name the broker queues workers consume, so a change of tiers "
-            "needs a rolling restart with the new policy file, not `policy apply`")
+            f"tiers: {list(new.tier_names)} differ from the active {list(current.tier_names)}, "
+            "and no process has started with them since it was applied; tier names name "
+            "the broker queues workers consume, so a change of tiers needs a rolling "
+            "restart with the new policy file (processes keep their file's policy while "
+            "the applied one's tiers differ), then `policy apply` of it")
 
 
 def apply_policy(store: RedisStore, policy: Policy, current: Policy, *, source: str,
@@ -96,9 +142,10 @@ def apply_policy(store: RedisStore, policy: Policy, current: Policy, *, source: 
     """Make ``policy`` the active one and audit it; returns the entry written.
 
     ``current`` is what the fleet runs now (the active policy, or the app's own before
-    any apply): the change must be one processes can follow live.
+    any apply): the change must be one processes can follow live, or have tiers some
+    process started with since ``current`` was applied (a rolling restart).
     """
-    check_replaceable(current, policy)
+    check_replaceable(current, policy, started_tiers(store))
     digest = policy_digest(policy)
     entry = {"at": time.time(), "digest": digest, "action": action, "reason": reason or "",
              "who": who_applies(), "host": socket.gethostname(), "pid": os.getpid(),

@@ -4,8 +4,8 @@
 ``apply FILE --reason`` makes a validated file the active policy for every producer and
 worker within their refresh interval; ``diff`` shows what a file (or a version) would
 change; ``rollback`` applies the version before the active one again. Each change is
-audited in the history: who, when, from which host, why. See
-:mod:`celery_aitp.policy_live`.
+audited in the history: who, when, from which host, why. Tiers change only by a rolling
+restart with the new file, then ``apply`` of it. See :mod:`celery_aitp.policy_live`.
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ def apply_command(ctx: click.Context, policy_file: str, reason: str) -> None:
     console.print(f"applied [bold]{entry['digest']}[/bold] (was {policy_digest(current)}); "
                   f"producers and workers follow within "
                   f"{mw.settings.refresh_interval_s:g} s")
+    _note_tiers(policy, current)
 
 
 @command.command("diff")
@@ -139,3 +140,13 @@ def rollback_command(ctx: click.Context, to_digest: str | None, reason: str) -> 
         fail(str(exc))
     console.print(f"rolled back to [bold]{entry['digest']}[/bold] "
                   f"(was {policy_digest(current)})")
+    _note_tiers(policy, current)
+
+
+def _note_tiers(new: Policy, old: Policy) -> None:
+    """After a change of tiers (accepted because processes started with them): who
+    follows and who does not."""
+    if new.tier_names != old.tier_names:
+        console.print(f"tiers {', '.join(new.tier_names)} (were {', '.join(old.tier_names)}): "
+                      "only processes started with these tiers follow; the others keep "
+                      "their policy until restarted with the new file", soft_wrap=True)

@@ -91,7 +91,7 @@ EVENT_COUNTERS: dict[str, EventCounter] = {
         "where a tier queue's priority is the tier).", keys={"explicit_priority": ""}),
     "aitp_policy_changes_total": EventCounter(
         "Processes that switched to the policy applied to the fleet (adopted), or kept "
-        "their own because their settings reject it (refused).", "outcome",
+        "their own because their settings reject it or its tiers differ (refused).", "outcome",
         {"policy_adopted": "adopted", "policy_refused": "refused"}),
     OTHER_EVENTS: EventCounter(
         "Fleet counters this dashboard version has no named metric for (a newer producer "

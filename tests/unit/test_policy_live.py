@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import yaml
+from celery import Celery
 from click.testing import CliRunner
 
+import celery_aitp
 from celery_aitp.cli.celery_command import aitp
 from celery_aitp.errors import PolicyError
 from celery_aitp.policy import parse_policy
@@ -108,6 +112,77 @@ def test_a_change_of_tiers_is_refused_with_the_reason(app, store, tmp_path):
     assert out.exit_code != 0
     assert "tiers" in out.output and "rolling restart" in out.output
     assert read_active(store) is None
+
+
+#: The policy of a rolling restart to other tiers.
+FOUR_TIERS = {**TEST_POLICY,
+              "tiers": [{"name": "fast", "sla_s": 1}, {"name": "normal", "sla_s": 10},
+                        {"name": "slow", "sla_s": 60}, {"name": "bulk", "sla_s": 600}],
+              "tenants": {"acme": {"max_tier": "fast"}, "globex": {"max_tier": "normal"},
+                          "default": {"max_tier": "bulk"}}}
+
+
+@contextmanager
+def app_with(store: Any, policy: dict[str, Any]) -> Iterator[Any]:
+    """Another process of the same fleet (the same store), started with ``policy``."""
+    other = Celery("other", broker="memory://", backend="cache+memory://")
+    other.conf.task_default_queue = "default-q"
+    mw = celery_aitp.install(other, policy=policy, store=store)
+    try:
+        yield other
+    finally:
+        mw.close()
+
+
+def test_a_process_started_with_other_tiers_keeps_its_own_and_says_so_once(
+        app, store, caplog):
+    """Once any policy was applied, a process started with a file of other tiers
+    adopted it (and its tiers) on its first round: a rolling restart could never
+    change the tiers."""
+    apply_policy(store, parse_policy(GLOBEX_HI), app.aitp.policy, source="test", reason="r")
+    with app_with(store, FOUR_TIERS) as new, \
+            caplog.at_level("WARNING", logger="celery_aitp.deployment"):
+        own = new.aitp.policy_digest
+        new.aitp.adopt_active_policy()  # a worker at start
+        new.aitp.live.refresh()  # and every round after
+        new.aitp.live.refresh()
+        assert new.aitp.policy_digest == own
+        assert new.aitp.policy.tier_names == ("fast", "normal", "slow", "bulk")
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1, said
+        assert "tiers" in said[0] and "rolling restart" in said[0]
+        assert "policy apply" in said[0]
+        kept = policy_history(store)[0]  # recorded: apply and rollback know it runs
+        assert kept["digest"] == own and kept["action"] == "keep"
+        app.aitp.live.refresh()  # the process with the applied policy's tiers follows
+        assert app.aitp.policy_digest == read_active(store)["digest"]
+
+
+def test_apply_of_new_tiers_works_once_processes_run_them(app, store, tmp_path):
+    """After an apply, ``apply`` of the tiers of a rolling restart was refused for good:
+    the active policy's tiers were the only ones it accepted."""
+    apply_policy(store, parse_policy(GLOBEX_HI), app.aitp.policy, source="test", reason="r")
+    path = policy_file(tmp_path, FOUR_TIERS, "four.yaml")
+    refused = cli(app, "policy", "apply", path)  # nobody runs these tiers yet
+    assert refused.exit_code != 0 and "rolling restart" in refused.output
+    with app_with(store, FOUR_TIERS) as new:
+        new.aitp.live.refresh()  # a process restarted with the new file
+        out = cli(new, "policy", "apply", path, "--reason", "four tiers")
+        assert out.exit_code == 0, out.output
+        assert read_active(store)["digest"] == new.aitp.policy_digest
+        new.aitp.live.refresh()
+        assert new.aitp.policy.tier_names == ("fast", "normal", "slow", "bulk")
+        app.aitp.live.refresh()  # not restarted yet: keeps hi/mid/lo
+        assert app.aitp.policy.tier_names == ("hi", "mid", "lo")
+
+
+def test_rollback_reaches_the_policy_of_a_rolling_restart(app, store):
+    apply_policy(store, parse_policy(GLOBEX_HI), app.aitp.policy, source="test", reason="r")
+    with app_with(store, FOUR_TIERS) as new:
+        new.aitp.live.refresh()
+        out = cli(app, "policy", "rollback")
+        assert out.exit_code == 0, out.output
+        assert read_active(store)["digest"] == new.aitp.policy_digest
 
 
 def test_an_invalid_file_is_refused_by_field(app, store, tmp_path):
