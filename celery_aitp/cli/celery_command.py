@@ -13,12 +13,22 @@ from celery_aitp.cli.common import validate
 from celery_aitp.cli.output import fail
 
 
-def middleware_of(ctx: click.Context) -> Any:
-    """The app's middleware, or a clear error if ``install(app)`` was never called."""
+def middleware_of(ctx: click.Context, follow_applied: bool = True) -> Any:
+    """The app's middleware, or a clear error if ``install(app)`` was never called.
+
+    It decides by the policy applied to the fleet (``celery aitp policy apply``), as
+    workers do from their start: a command run with the app's own file would otherwise
+    not know a tenant added live (``stage split --select tenant=...`` refused it, and a
+    rollback to coexistence left its tier queues to the janitor). A store that does not
+    answer, or an applied policy with other tiers, leaves the app's own. ``policy``
+    passes ``follow_applied=False``: it shows this app's policy beside the applied one.
+    """
     app = ctx.obj.app
     mw = getattr(app, "aitp", None)
     if mw is None:
         fail(f"app {app.main!r} has no AITP middleware: call celery_aitp.install(app) in it")
+    if follow_applied:
+        mw.adopt_active_policy()
     return mw
 
 

@@ -35,7 +35,7 @@ def _fleet_policy(mw: Any) -> Policy:
 
 
 def _show(ctx: click.Context, limit: int, as_json: bool) -> None:
-    mw = middleware_of(ctx)
+    mw = middleware_of(ctx, follow_applied=False)
     try:
         history = policy_history(mw.store, limit)
         fleet = policy_digest(_fleet_policy(mw))
@@ -79,7 +79,7 @@ def history_command(ctx: click.Context, limit: int, as_json: bool) -> None:
 @click.pass_context
 def apply_command(ctx: click.Context, policy_file: str, reason: str) -> None:
     """Validate POLICY_FILE and make it the policy every producer and worker decides by."""
-    mw = middleware_of(ctx)
+    mw = middleware_of(ctx, follow_applied=False)
     try:
         policy = read_policy_file(policy_file)
         current = _fleet_policy(mw)
@@ -102,7 +102,7 @@ def apply_command(ctx: click.Context, policy_file: str, reason: str) -> None:
 def diff_command(ctx: click.Context, target: str) -> None:
     """What TARGET (a policy file, or a digest from the history) changes from the active
     policy, as a unified diff; exit 1 if it differs."""
-    mw = middleware_of(ctx)
+    mw = middleware_of(ctx, follow_applied=False)
     try:
         current = _fleet_policy(mw)
         if target.endswith((".yaml", ".yml", ".json")):
@@ -126,7 +126,7 @@ def diff_command(ctx: click.Context, target: str) -> None:
 @click.pass_context
 def rollback_command(ctx: click.Context, to_digest: str | None, reason: str) -> None:
     """Apply an earlier version again (audited as a rollback)."""
-    mw = middleware_of(ctx)
+    mw = middleware_of(ctx, follow_applied=False)
     try:
         current = _fleet_policy(mw)
         target = rollback_target(mw.store, to_digest)

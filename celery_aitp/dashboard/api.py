@@ -199,6 +199,7 @@ class Dashboard:
         user = request.scope.get("state", {}).get("user") or "anonymous"
         client = request.client.host if request.client else "?"
         try:
+            await run_in_threadpool(self.fleet.follow_policy)  # a tenant applied just now
             result = change_stage(self.fleet.store, self.policy, body,
                                   who=f"dashboard:{user}@{client}")
         except PolicyError as exc:

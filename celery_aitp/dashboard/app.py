@@ -41,12 +41,19 @@ def queue_ops_factory(app: Any) -> Any:
 
 def build_dashboard(middleware: Any, config: DashboardConfig, version: str = "") -> Dashboard:
     """A Dashboard reading the fleet of ``middleware`` (an installed celery_aitp app)."""
+    def fleet_policy() -> Any:
+        """The policy applied to the fleet (``policy apply``), as workers follow it; the
+        app's own before any apply, or while the applied one's tiers differ."""
+        middleware.adopt_active_policy()
+        return middleware.policy
+
     settings = middleware.settings
     tasks = tuple(sorted(middleware.app.tasks.keys()))
-    fleet = Fleet(middleware.store, settings.policy, middleware.default_queue,
+    fleet = Fleet(middleware.store, fleet_policy(), middleware.default_queue,
                   queue_ops_factory(middleware.app), settings.worker_ttl_s,
                   refresh_s=config.refresh_s, window_s=config.window_s, tasks=tasks,
-                  layout=middleware.layout, stale_s=max(STALE_S, 5 * config.refresh_s))
+                  layout=middleware.layout, stale_s=max(STALE_S, 5 * config.refresh_s),
+                  follow=fleet_policy)
     control = StageControl(middleware)
     return Dashboard(config=config, fleet=fleet, worker_ttl_s=settings.worker_ttl_s,
                      version=version,

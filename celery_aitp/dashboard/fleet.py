@@ -190,8 +190,11 @@ class Fleet:
                  queue_ops: Callable[[], Any], worker_ttl_s: float, refresh_s: float = 2.0,
                  window_s: float = 300.0, tasks: tuple[str, ...] = (),
                  clock: Callable[[], float] = time.time, layout: Layout | None = None,
-                 stale_s: float = 0.0) -> None:
+                 stale_s: float = 0.0, follow: Callable[[], Policy] | None = None) -> None:
         self.store = store
+        #: The policy to show now (the fleet's applied one), asked on every build.
+        self._follow = follow
+        self._tasks = tasks
         self.layout = layout or PerTierLayout()  # where tier queues wait on the broker
         self.policy = policy
         self.default_queue = default_queue
@@ -214,6 +217,27 @@ class Fleet:
         self.background_builds = 0
         self.known_queues = [default_queue] + policy_queues(policy)
         self._known_set = frozenset(self.known_queues)
+
+    def follow_policy(self) -> None:
+        """Show the policy ``follow`` gives (the one applied to the fleet) if it changed:
+        its tenants, tiers' SLAs and queues. Label values seen so far keep their series."""
+        if self._follow is None:
+            return
+        try:
+            policy = self._follow()
+        except Exception as exc:  # never a reason not to show the rest
+            logger.warning("aitp dashboard: could not read the applied policy: %s",
+                           redact(repr(exc)))
+            return
+        if policy is self.policy:
+            return
+        bounds = Bounds(policy, self._tasks)
+        bounds.carry_over(self.bounds)
+        self.bounds = bounds
+        self.totals.follow(bounds, {t.name: t.sla_s for t in policy.tiers})
+        self.known_queues = [self.default_queue] + policy_queues(policy)
+        self._known_set = frozenset(self.known_queues)
+        self.policy = policy
 
     def snapshot(self, max_age_s: float | None = None) -> Snapshot:
         """The cached snapshot if younger than ``max_age_s`` (default ``refresh_s``)."""
@@ -262,6 +286,7 @@ class Fleet:
             self._lock.release()
 
     def _build(self) -> Snapshot:
+        self.follow_policy()
         now = self.clock()
         try:
             base = self._read_store(now)

@@ -44,6 +44,13 @@ class Bounds:
         self.tasks = frozenset(t for t in tasks if not t.startswith("celery."))
         self._free: dict[str, set[str]] = {}
 
+    def carry_over(self, old: Bounds) -> None:
+        """Keep the tenants and free values ``old`` (the previous policy's) gave a series
+        of their own: counters must not hop between series when the policy changes."""
+        seen = {t for t in old._seen_tenants if t not in self.tenants}
+        self._seen_tenants = set(list(seen)[:max(0, MAX_TENANT_LABELS - len(self.tenants))])
+        self._free = {kind: set(values) for kind, values in old._free.items()}
+
     @staticmethod
     def _closed(value: Any, allowed: frozenset[str]) -> str:
         if value is None or value == "":

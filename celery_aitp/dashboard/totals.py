@@ -63,6 +63,13 @@ class RunTotals:
         self.runs: Counter[tuple[str, str, str]] = Counter()
         self._lock = threading.Lock()
 
+    def follow(self, bounds: Bounds, sla_by_tier: Mapping[str, float]) -> None:
+        """Label and judge the runs added from now on by another policy's bounds and
+        SLAs (the totals so far are kept)."""
+        with self._lock:
+            self.bounds = bounds
+            self.sla = dict(sla_by_tier)
+
     def add(self, records: Iterable[Mapping[str, Any]]) -> None:
         with self._lock:
             for record in records:

@@ -262,3 +262,70 @@ def test_a_split_may_select_a_tenant_nobody_lists_when_the_policy_takes_them():
         check_split(SplitSettings(percent=5, tenants=("std",)), open_policy)
     assert parse_policy({**TEST_POLICY, "tenant_classes": {"std": {}},
                          "unlisted_tenants": "std", "split": {"tenants": ["cust001"]}})
+
+
+def _apply_initech(store: Any, policy: Any) -> None:
+    from celery_aitp.policy import parse_policy
+    from celery_aitp.policy_live import apply_policy
+    from tests.conftest import TEST_POLICY
+
+    with_initech = {**TEST_POLICY, "tenants": {**TEST_POLICY["tenants"], "initech": {}}}
+    apply_policy(store, parse_policy(with_initech), policy, source="test", reason="new")
+
+
+def test_stage_split_knows_a_tenant_the_applied_policy_added(app, fast, store):
+    """The command line, run with the app's own file, refused ``--select tenant=initech``
+    for a tenant added by ``policy apply``."""
+    _apply_initech(store, fast.policy)
+    out = cli(app, "stage", "split", "--percent", "10", "--select", "tenant=initech")
+    assert out.exit_code == 0, out.output
+    assert StageControl(fast).read()[1].tenants == ("initech",)
+
+
+def test_stage_coexistence_drains_the_queues_of_a_tenant_the_applied_policy_added(
+        app, fast, store, monkeypatch):
+    """It drained the tier queues of the app's own file: initech's waited for a
+    worker's janitor."""
+    _apply_initech(store, fast.policy)
+    ops = MemoryQueueOps()
+    ops.queues["aitp.acme.cpu.hi"].extend((float(i), f"acme-{i}") for i in range(25))
+    ops.queues["aitp.initech.cpu.lo"].extend((float(i), f"initech-{i}") for i in range(18))
+    monkeypatch.setattr("celery_aitp.worker.janitor.queue_ops_for", lambda app: ops)
+    out = cli(app, "stage", "coexistence", "--reason", "rollback drill")
+    assert out.exit_code == 0, out.output
+    assert "moved 43 waiting message(s)" in out.output
+    assert not ops.queues["aitp.initech.cpu.lo"]
+
+
+def test_the_dashboard_follows_the_applied_policy(app, fast, store):
+    from starlette.testclient import TestClient
+
+    from celery_aitp.dashboard.app import build_dashboard, create_app
+    from celery_aitp.dashboard.config import DashboardConfig
+    from celery_aitp.policy import parse_policy
+    from celery_aitp.policy_live import apply_policy
+    from tests.conftest import TEST_POLICY
+
+    def add(tenant: str) -> None:
+        tenants = {**fast.policy.model_dump(mode="json")["tenants"], tenant: {}}
+        apply_policy(store, parse_policy({**TEST_POLICY, "tenants": tenants}), fast.policy,
+                     source="test", reason=f"{tenant} signed")
+
+    add("initech")  # before the dashboard starts
+    dashboard = build_dashboard(fast, DashboardConfig(allowed_hosts=("testserver",)))
+    dashboard.drain = None
+    client = TestClient(create_app(dashboard))
+    client.get("/stage")
+    headers = {"X-AITP-CSRF": client.cookies["aitp_csrf"], "Origin": "http://testserver"}
+
+    def select(tenant: str) -> Any:
+        return client.post("/api/stage", headers=headers, json={
+            "stage": "split", "split": {"percent": 10, "tenants": [tenant]}})
+
+    assert select("initech").status_code == 200, select("initech").text
+    add("hooli")  # while it runs: a stage change sees it at once
+    assert select("hooli").status_code == 200, select("hooli").text
+    add("umbrella")  # and the pages on their next refresh
+    dashboard.fleet.snapshot(max_age_s=0)
+    assert "umbrella" in client.get("/api/stage").json()["tenants"]
+    assert "aitp.umbrella.cpu.lo" in dashboard.fleet.known_queues
