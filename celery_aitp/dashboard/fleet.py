@@ -322,7 +322,7 @@ class Fleet:
         return Snapshot(
             at=now, store_ok=True, store_read_at=now, stage=stage.value,
             split=split.model_dump(mode="json"),
-            stage_history=store.stage_history(20), workers=store.workers(),
+            stage_history=store.stage_history(20), workers=self._workers(store, now),
             live_queues=store.live_queues(), counters=counts,
             window_counters=self.history.window_delta(),
             decisions_per_s=self.history.rate() if len(self.history.samples) > 1
@@ -331,6 +331,14 @@ class Fleet:
             observations=self.obs.records(), decisions=self.decisions.records(),
             fair_share=fair_share, spill=spill,
         )
+
+    @staticmethod
+    def _workers(store: RedisStore, now: float) -> list[dict[str, Any]]:
+        """The worker documents, heartbeats moved from the store server's clock (which
+        writes them) to this dashboard's (``now``, which judges their age)."""
+        server_now, docs = store.workers_at()
+        offset = now - server_now
+        return [{**doc, "heartbeat": doc["heartbeat"] + offset} for doc in docs]
 
     def queue_ops(self) -> Any:
         if self._queue_ops is None:

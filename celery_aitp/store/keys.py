@@ -20,12 +20,14 @@ class Keys:
 
     @property
     def consumers(self) -> str:
-        """ZSET of '<queue>|<worker>' scored by the advertisement's expiry time."""
+        """ZSET of '<queue>|<worker>' scored by the advertisement's expiry time (Unix
+        seconds by the Redis server's clock)."""
         return self._k("consumers")
 
     @property
     def workers(self) -> str:
-        """HASH worker -> JSON description (queues, tenants, accelerator, heartbeat)."""
+        """HASH worker -> JSON description (queues, tenants, accelerator, heartbeat: Unix
+        seconds by the Redis server's clock)."""
         return self._k("workers")
 
     @property

@@ -30,6 +30,37 @@ for i = 2, #ARGV do
 end
 return #ARGV - 1
 """
+# Liveness is judged by one clock, the Redis server's, never a process's: a worker or a
+# producer whose clock is off would otherwise see live advertisements as expired (or
+# delete other workers' ones). Each script reads TIME; Lua numbers come back as integers,
+# so times travel as text ('%.6f', seconds). Writes after TIME need effects replication
+# (the default since Redis 5; replicate_commands turns it on before that).
+_CLOCK = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local stamp = string.format('%.6f', now)
+"""
+# KEYS: consumers, workers. ARGV: ttl_s, worker, its document's JSON up to the value of
+# "heartbeat" (the script appends the server time and '}'), how many members to remove,
+# those members, then the members to add ('<queue>|<worker>', scored by expiry).
+_ADVERTISE = _CLOCK + """
+local expiry = string.format('%.6f', now + tonumber(ARGV[1]))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', stamp)
+local gone = tonumber(ARGV[4])
+for i = 5, 4 + gone do redis.call('ZREM', KEYS[1], ARGV[i]) end
+for i = 5 + gone, #ARGV do redis.call('ZADD', KEYS[1], expiry, ARGV[i]) end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3] .. stamp .. '}')
+return stamp
+"""
+# The members of KEYS[1] (the consumers zset) whose expiry has not passed on the server.
+_LIVE = """
+local t = redis.call('TIME')
+return redis.call('ZRANGEBYSCORE', KEYS[1],
+                  string.format('%d.%06d', tonumber(t[1]), tonumber(t[2])), '+inf')
+"""
+#: Worker documents whose own time is older than this are pruned.
+STALE_AFTER_S = 3600.0
 _ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
 #: ``write_stage(expect=ANY)``: write whatever is stored now.
 ANY: Any = object()
@@ -76,6 +107,8 @@ class RedisStore:
         self.client = client
         self.keys = keys or Keys()
         self._append = client.register_script(_APPEND)
+        self._advertise = client.register_script(_ADVERTISE)
+        self._live = client.register_script(_LIVE)
 
     # --- liveness ---------------------------------------------------------------
 
@@ -84,25 +117,23 @@ class RedisStore:
     ) -> None:
         """Declare that ``worker`` consumes ``queues`` for the next ``ttl_s`` seconds, and
         no longer the queues it advertised before and left out now (at once, not when
-        their advertisement expires)."""
-        now = time.time()
-        expiry = now + ttl_s
-        members: dict[str, float] = {f"{q}|{worker}": expiry for q in queues}
-        queue_names = sorted(str(m).rsplit("|", 1)[0] for m in members)
-        doc = json.dumps({**info, "worker": worker, "heartbeat": now, "queues": queue_names})
+        their advertisement expires).
+
+        Expiry, pruning and the ``heartbeat`` are the Redis server's time (one script), so
+        a worker's clock never shortens or stretches an advertisement, nor prunes the
+        live ones of others."""
+        members = list(dict.fromkeys(f"{q}|{worker}" for q in queues))
+        queue_names = sorted(m.rsplit("|", 1)[0] for m in members)
+        doc = {**info, "worker": worker, "queues": queue_names}
         with translated_errors():
             before = _json_or_none(self.client.hget(self.keys.workers, worker))
             left = before.get("queues") if isinstance(before, dict) else None
             gone = [f"{q}|{worker}" for q in left if isinstance(q, str)
                     and f"{q}|{worker}" not in members] if isinstance(left, list) else []
-            pipe = self.client.pipeline(transaction=False)
-            pipe.zremrangebyscore(self.keys.consumers, "-inf", now)
-            if gone:
-                pipe.zrem(self.keys.consumers, *gone)
-            if members:
-                pipe.zadd(self.keys.consumers, members)
-            pipe.hset(self.keys.workers, worker, doc)
-            pipe.execute()
+            self._advertise(keys=[self.keys.consumers, self.keys.workers],
+                            args=[repr(float(ttl_s)), worker,
+                                  _stamped_prefix(doc, "heartbeat"), len(gone), *gone,
+                                  *members])
 
     def withdraw(self, worker: str) -> None:
         """Remove a worker's advertisements at once (clean shutdown)."""
@@ -118,28 +149,50 @@ class RedisStore:
             pipe.execute()
 
     def live_queues(self) -> frozenset[str]:
-        """Queues with at least one unexpired consumer advertisement."""
+        """Queues with at least one advertisement unexpired by the server's clock."""
         with translated_errors():
-            raw = self.client.zrangebyscore(self.keys.consumers, time.time(), "+inf")
+            raw = self._live(keys=[self.keys.consumers])
         return _queues_of(raw)
+
+    def server_time(self) -> float:
+        """The Redis server's clock (seconds), the one liveness is judged by."""
+        with translated_errors():
+            return _seconds(self.client.time())
 
     def workers(self) -> list[dict[str, Any]]:
         """Every advertised worker's description; stale ones are pruned."""
+        return self.workers_at()[1]
+
+    def workers_at(self) -> tuple[float, list[dict[str, Any]]]:
+        """The server's time and every advertised worker's description (read together,
+        so ``now - heartbeat`` is a heartbeat's age whatever this process's clock says);
+        those not heard from in :data:`STALE_AFTER_S` are pruned."""
         with translated_errors():
-            raw = self.client.hgetall(self.keys.workers)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.time()
+            pipe.hgetall(self.keys.workers)
+            clock, raw = pipe.execute()
+        now = _seconds(clock)
+        docs = self._fresh(self.keys.workers, raw, "heartbeat", now)
+        return now, sorted(docs, key=lambda d: str(d.get("worker")))
+
+    def _fresh(self, key: str, raw: Mapping[Any, Any], stamp: str, now: float
+               ) -> list[dict[str, Any]]:
+        """The documents of a hash read at server time ``now`` whose ``stamp`` is within
+        :data:`STALE_AFTER_S`; the others are deleted from ``key``."""
         docs, stale = [], []
-        horizon = time.time() - 3600
+        horizon = now - STALE_AFTER_S
         for name, value in raw.items():
             doc = _json_or_none(value)
-            beat = doc.get("heartbeat") if isinstance(doc, dict) else None
+            beat = doc.get(stamp) if isinstance(doc, dict) else None
             if isinstance(beat, (int, float)) and beat >= horizon:  # also drops NaN
                 docs.append(doc)
             else:
                 stale.append(name)
         if stale:
             with translated_errors():
-                self.client.hdel(self.keys.workers, *stale)
-        return sorted(docs, key=lambda d: str(d.get("worker")))
+                self.client.hdel(key, *stale)
+        return docs
 
     # --- stage ------------------------------------------------------------------
 
@@ -185,10 +238,13 @@ class RedisStore:
     # --- the snapshot the publish path caches -----------------------------------
 
     def snapshot(self) -> tuple[frozenset[str], dict[str, Any] | None, str | None]:
-        """Live queues, stage document and model version in one round trip."""
+        """Live queues (by the server's clock), stage document and model version in one
+        round trip."""
         with translated_errors():
             pipe = self.client.pipeline(transaction=False)
-            pipe.zrangebyscore(self.keys.consumers, time.time(), "+inf")
+            # the script's text, not EVALSHA: a pipeline with registered scripts asks
+            # the server first whether it has them (one more round trip every refresh)
+            pipe.eval(_LIVE, 1, self.keys.consumers)
             pipe.hget(self.keys.stage, "doc")
             pipe.hget(self.keys.model, "version")
             consumers, stage, version = pipe.execute()
@@ -274,6 +330,19 @@ _RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
 #: Extend a lock's expiry only when its value is the caller's owner name.
 _EXTEND = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
            "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0")
+
+
+def _seconds(clock: Any) -> float:
+    """TIME's answer (seconds, microseconds) as seconds."""
+    seconds, micros = clock
+    return int(seconds) + int(micros) / 1_000_000
+
+
+def _stamped_prefix(doc: Mapping[str, Any], stamp: str) -> str:
+    """``doc`` as JSON up to the value of the field ``stamp``, left for a script to
+    write (the server's time, then ``}``)."""
+    rest = json.dumps({k: v for k, v in doc.items() if k != stamp})[:-1]
+    return f"{rest}{', ' if rest != '{' else ''}{json.dumps(stamp)}: "
 
 
 def _queues_of(members: Iterable[Any]) -> frozenset[str]:

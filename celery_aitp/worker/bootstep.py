@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 import click
@@ -389,7 +388,8 @@ class AitpWorkerStep(bootsteps.StartStopStep):
         if kept is None:
             return
         queues = queues_of_tier(self.plan.queue_names(), self.middleware.policy.tier_names[0])
-        live = reserve.express_covers(self.middleware.store.workers(), queues, time.time(),
+        now, workers = self.middleware.store.workers_at()  # heartbeats: the server's clock
+        live = reserve.express_covers(workers, queues, now,
                                       self.middleware.settings.worker_ttl_s)
         if live != kept.express_live:
             logger.info("aitp: %s", "an express worker reads the top tier: the reserve "

@@ -651,3 +651,18 @@ def test_deeply_nested_json_is_refused_with_a_clear_message(client, store, depth
     assert parse_json_body(b"[" * limit + b"]" * limit) is not None
     with pytest.raises(ValueError, match="nested deeper"):
         parse_json_body(b"[" * (limit + 1) + b"]" * (limit + 1))
+
+
+def test_a_dashboard_clock_off_the_stores_still_sees_live_workers(store, ops):
+    """Heartbeats are the store server's time: a dashboard 2 minutes ahead judged every
+    worker gone (and its queues unserved)."""
+    seed(store, ops)
+    fleet = Fleet(store, parse_policy(TEST_POLICY), "default-q", lambda: ops,
+                  worker_ttl_s=10.0, refresh_s=0.0, window_s=300.0, tasks=TASKS,
+                  clock=lambda: time.time() + 120.0)
+    client = TestClient(create_app(Dashboard(DashboardConfig(allowed_hosts=(TEST_HOST,)),
+                                             fleet, worker_ttl_s=10.0)))
+    (worker,) = client.get("/api/workers").json()["workers"]
+    assert worker["alive"] is True and worker["heartbeat_age_s"] < 5
+    rows = {q["queue"]: q for q in client.get("/api/queues").json()["queues"]}
+    assert rows["aitp.acme.gpu.hi"]["consumers"] == ["gpu1@host"]

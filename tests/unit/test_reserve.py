@@ -480,6 +480,23 @@ def test_a_worker_sees_an_express_worker_come_and_go(no_reserve_after, store, ca
     assert not step._reserve.express_live
 
 
+def test_a_worker_ahead_of_the_store_still_sees_a_live_express_worker(
+        no_reserve_after, store, monkeypatch):
+    """Heartbeats are the store server's time and judged by it: a worker whose clock ran
+    60 s ahead saw every express worker as gone (its reserve never stood aside)."""
+    from celery_aitp.store import redis_store
+    from celery_aitp.worker import bootstep
+
+    app, step = worker_step(4, store=store)
+    store.advertise("express@test", ["aitp.acme.cpu.hi"],
+                    {"express": True, "tiers": ["hi"]}, 60)
+    ahead = SimpleNamespace(time=lambda: time.time() + 60.0, monotonic=time.monotonic)
+    monkeypatch.setattr(bootstep, "time", ahead, raising=False)  # this process's clock
+    monkeypatch.setattr(redis_store, "time", ahead)
+    step._follow_express()
+    assert step._reserve.express_live
+
+
 def test_an_express_worker_says_so_when_it_advertises(no_reserve_after, store):
     app = Celery("reserve", broker="redis://127.0.0.1:1/0")
     celery_aitp.install(app, policy=TEST_POLICY, store_url="redis://127.0.0.1:1/0",

@@ -35,6 +35,77 @@ def test_expired_advertisements_are_pruned_so_nothing_grows(store):
     assert store.client.zcard(store.keys.consumers) == 1
 
 
+class _SkewedClock:
+    """Stands in for the ``time`` module of the store: this process's clock ``offset_s``
+    seconds off the Redis server's (fakeredis answers TIME from the real clock)."""
+
+    def __init__(self, offset_s: float) -> None:
+        self.offset_s = offset_s
+
+    def time(self) -> float:
+        return time.time() + self.offset_s
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+def _skew(monkeypatch, offset_s: float) -> None:
+    from celery_aitp.store import redis_store
+
+    monkeypatch.setattr(redis_store, "time", _SkewedClock(offset_s))
+
+
+def test_a_producer_ahead_of_the_workers_still_sees_their_advertisements(store, monkeypatch):
+    """A producer 15 s ahead saw every 3 s advertisement as expired (0 of 46 routed)."""
+    store.advertise("w1", ["q1"], {}, ttl_s=3)
+    _skew(monkeypatch, 15.0)
+    assert store.live_queues() == {"q1"}
+    assert store.snapshot()[0] == {"q1"}  # what the refresher reads
+    view = LiveView(store, Policy(), Counters(), refresh_interval_s=60)
+    assert view.current().live_queues == {"q1"}
+    view.close()
+    _skew(monkeypatch, -15.0)  # and one behind sees an expired one as expired
+    store.advertise("w2", ["q2"], {}, ttl_s=-1)
+    assert store.live_queues() == {"q1"}
+
+
+def test_a_worker_ahead_neither_prunes_others_nor_outlives_its_ttl(store, monkeypatch):
+    """A worker 60 s ahead deleted every other worker's advertisement as it advertised,
+    and its own lasted 60 s past its TTL."""
+    store.advertise("w1", ["q1"], {}, ttl_s=3)
+    _skew(monkeypatch, 60.0)
+    store.advertise("w2", ["q2"], {}, ttl_s=3)
+    monkeypatch.undo()
+    assert store.live_queues() == {"q1", "q2"}
+    expiry = store.client.zscore(store.keys.consumers, "q2|w2")
+    assert expiry <= time.time() + 3.5  # the server's time + ttl, not the worker's
+    (w1, w2) = store.workers()
+    assert abs(w2["heartbeat"] - time.time()) < 1  # the server's time too
+    now, _ = store.workers_at()
+    assert abs(now - time.time()) < 1
+
+
+def test_advertisements_keep_their_stored_format(store):
+    """The dashboard, janitor and status read these keys: the members and scores of the
+    consumers zset and the worker documents stay as they were."""
+    before = time.time()
+    store.advertise("w1", ["q1", "q1", "q2"], {"tenants": ["a"], "heartbeat": "x"}, ttl_s=30)
+    scored = dict(store.client.zrange(store.keys.consumers, 0, -1, withscores=True))
+    assert set(scored) == {b"q1|w1", b"q2|w1"}
+    assert all(before + 29 < s < time.time() + 31 for s in scored.values())
+    import json
+
+    doc = json.loads(store.client.hget(store.keys.workers, "w1"))
+    assert doc["worker"] == "w1" and doc["queues"] == ["q1", "q2"]
+    assert doc["tenants"] == ["a"] and isinstance(doc["heartbeat"], float)
+    assert before - 1 < doc["heartbeat"] < time.time() + 1
+    store.advertise("w1", ["q2"], {}, ttl_s=30)  # q1 left out: withdrawn at once
+    assert store.live_queues() == {"q2"}
+    store.advertise("w1", [], {}, ttl_s=30)
+    assert store.live_queues() == frozenset()
+    assert json.loads(store.client.hget(store.keys.workers, "w1"))["queues"] == []
+
+
 def test_stage_changes_are_audited(store):
     assert store.read_stage() is None
     store.write_stage({"stage": "split", "split": {"percent": 10}}, who="alice@host")
