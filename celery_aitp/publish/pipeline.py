@@ -58,7 +58,7 @@ def default_stages(policy: Policy, profile_refresh_s: float = 10.0,
     if visibility_timeout_s is not None and guard.enabled:
         extra["visibility"] = VisibilityStage(guard, visibility_timeout_s)
     if policy.spill.enabled:
-        extra["spill"] = SpillStage(policy, SpillSource(policy.spill, wall))
+        extra["spill"] = SpillStage(policy, SpillSource(policy.spill, clock))
     return {
         "tenant": TenantStage(policy, producer_tenant),
         **prediction_stages(clock),

@@ -5,8 +5,10 @@ Every worker (flagged or not) writes an occupancy report to the store hash
 ``occupancy`` every ``spill.report_interval_s`` (:mod:`celery_aitp.worker.occupancy`):
 its slots, how many are busy, its accelerator class, whether it consumes Celery's
 default queue, the tier queues it serves and their depths on the broker. The producer's
-refresher reads the whole hash in one command (:class:`SpillSource`, never on the
-publish path) and turns it into a :class:`Capacity`:
+refresher reads the whole hash with the store server's time in one round trip
+(:class:`SpillSource`, never on the publish path; reports are stamped with that clock,
+and those an hour old, of workers killed without withdrawing theirs, are deleted) and
+turns it into a :class:`Capacity`:
 
 * per tier queue, the *backlog per slot*: waiting tasks / pool slots serving it. A
   queue starts spilling when it reaches ``spill.min_backlog`` and stops only once it
@@ -25,14 +27,12 @@ nothing is saturated.
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from celery_aitp.priority_policy import SpillSettings
 from celery_aitp.queues import is_tier_queue
-from celery_aitp.store.redis_store import RedisStore, translated_errors
+from celery_aitp.store.redis_store import RedisStore
 
 #: The live-view source name (``view.sources``).
 SPILL_SOURCE = "spill"
@@ -151,24 +151,13 @@ def capacity_of(reports: Iterable[Any], now: float, settings: SpillSettings,
     return previous if found == previous else found
 
 
-def decode_reports(raw: Mapping[Any, Any]) -> list[Any]:
-    """The JSON documents of the ``occupancy`` hash (unreadable ones dropped)."""
-    out = []
-    for value in raw.values():
-        try:
-            out.append(json.loads(value))
-        except (ValueError, TypeError, RecursionError):
-            continue
-    return out
-
-
 def read_capacity(store: RedisStore, settings: SpillSettings,
                   previous: Capacity = NO_CAPACITY, now: float | None = None) -> Capacity:
-    """The fleet's capacity from the store (one command)."""
-    with translated_errors():
-        raw = store.client.hgetall(occupancy_key(store))
-    return capacity_of(decode_reports(raw), time.time() if now is None else now, settings,
-                       previous)
+    """The fleet's capacity from the store (one round trip). Reports are judged by the
+    store server's time, which stamps them (``now``: a simulated time instead); those
+    of workers gone for an hour (killed without withdrawing theirs) are deleted."""
+    server_now, reports = store.read_stamped(occupancy_key(store), "at")
+    return capacity_of(reports, server_now if now is None else now, settings, previous)
 
 
 class SpillSource:
@@ -178,10 +167,13 @@ class SpillSource:
     initial = NO_CAPACITY
 
     def __init__(self, settings: SpillSettings,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
+        """``clock``: a simulated time (a replay); None judges reports by the store
+        server's time, the one they are stamped with."""
         self.settings = settings
         self.clock = clock
 
     def fetch(self, store: RedisStore, previous: Any) -> Capacity:
         last = previous if isinstance(previous, Capacity) else NO_CAPACITY
-        return read_capacity(store, self.settings, last, self.clock())
+        return read_capacity(store, self.settings, last,
+                             None if self.clock is None else self.clock())

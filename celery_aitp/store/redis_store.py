@@ -59,7 +59,13 @@ local t = redis.call('TIME')
 return redis.call('ZRANGEBYSCORE', KEYS[1],
                   string.format('%d.%06d', tonumber(t[1]), tonumber(t[2])), '+inf')
 """
-#: Worker documents whose own time is older than this are pruned.
+# HSET KEYS[1] ARGV[1] to ARGV[2] (a JSON object up to a time field's value) + the
+# server time + '}'.
+_STAMPED_HSET = _CLOCK + """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. stamp .. '}')
+return stamp
+"""
+#: Worker documents (and occupancy reports) whose own time is older than this are pruned.
 STALE_AFTER_S = 3600.0
 _ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
 #: ``write_stage(expect=ANY)``: write whatever is stored now.
@@ -109,6 +115,7 @@ class RedisStore:
         self._append = client.register_script(_APPEND)
         self._advertise = client.register_script(_ADVERTISE)
         self._live = client.register_script(_LIVE)
+        self._stamped_hset = client.register_script(_STAMPED_HSET)
 
     # --- liveness ---------------------------------------------------------------
 
@@ -175,6 +182,27 @@ class RedisStore:
         now = _seconds(clock)
         docs = self._fresh(self.keys.workers, raw, "heartbeat", now)
         return now, sorted(docs, key=lambda d: str(d.get("worker")))
+
+    def put_stamped(self, key: str, field: str, doc: Mapping[str, Any],
+                    stamp: str = "at") -> float:
+        """HSET ``key`` ``field`` to ``doc`` as JSON, with ``stamp`` set to the server's
+        time (returned): a report whose age anyone can judge by the same clock."""
+        with translated_errors():
+            return float(self._stamped_hset(keys=[key],
+                                            args=[field, _stamped_prefix(doc, stamp)]))
+
+    def read_stamped(self, key: str, stamp: str = "at"
+                     ) -> tuple[float, list[dict[str, Any]]]:
+        """The server's time and the JSON documents of hash ``key`` (one round trip);
+        documents whose ``stamp`` is older than :data:`STALE_AFTER_S`, or missing or
+        unreadable, are deleted (a worker killed without cleaning up leaves its own)."""
+        with translated_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.time()
+            pipe.hgetall(key)
+            clock, raw = pipe.execute()
+        now = _seconds(clock)
+        return now, self._fresh(key, raw, stamp, now)
 
     def _fresh(self, key: str, raw: Mapping[Any, Any], stamp: str, now: float
                ) -> list[dict[str, Any]]:

@@ -6,13 +6,13 @@ many are busy (requests the pool has accepted, as the main process sees them), i
 accelerator class, whether it consumes Celery's default queue, and, for a worker that
 serves tier queues, those queues and their depths on the broker. Producers read the
 whole hash in their background refresh (:mod:`celery_aitp.scheduling.spill`); the
-report is removed when the worker stops and ignored once older than
-``spill.max_report_age_s``.
+report is removed when the worker stops, ignored once older than
+``spill.max_report_age_s`` and deleted by the readers after an hour (a worker killed
+without stopping). Its ``at`` is the store server's time, as the readers' ``now``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -61,18 +61,18 @@ class OccupancyReporter(BrokerQueuePass):
                 for physical, names in groups.items() for logical in names}
 
     def report(self) -> dict[str, Any]:
-        """This worker's occupancy document (raises AdapterError if the broker fails)."""
+        """This worker's occupancy document (raises AdapterError if the broker fails);
+        :meth:`publish` replaces its ``at`` by the store server's time."""
         return {"at": time.time(), "worker": self.hostname, "slots": self.slots,
                 "busy": min(self.slots, max(0, self.busy())),
                 "accelerator": self.accelerator, "default_queue": self.consumes_default(),
                 "queues": self.tier_queues, "depths": self.depths()}
 
     def publish(self) -> None:
-        """Write one report (raises StoreError or AdapterError)."""
+        """Write one report, its ``at`` the store server's time, the clock its readers
+        judge its age and prune it by (raises StoreError or AdapterError)."""
         store = self.middleware.store
-        doc = json.dumps(self.report())
-        with translated_errors():
-            store.client.hset(occupancy_key(store), self.hostname, doc)
+        store.put_stamped(occupancy_key(store), self.hostname, self.report(), "at")
 
     def withdraw(self) -> None:
         store = self.middleware.store

@@ -231,6 +231,47 @@ def test_reports_from_workers_become_the_producers_capacity(store: RedisStore) -
     assert source.fetch(store, capacity).spill_class is None
 
 
+def test_a_reports_age_is_judged_by_the_stores_clock(store: RedisStore,
+                                                      monkeypatch: Any) -> None:
+    """Reports were stamped with the worker's clock and aged by the producer's: a worker
+    60 s behind was never counted (nothing spilled), one ahead looked alive 60 s after
+    it was killed."""
+    import time
+    from types import SimpleNamespace
+
+    from celery_aitp.worker import occupancy
+
+    behind = SimpleNamespace(time=lambda: time.time() - 60.0)
+    monkeypatch.setattr(occupancy, "time", behind)  # the worker's clock
+    mw = FakeMiddleware(store)
+    OccupancyReporter(mw, "tier@h", 2, "cpu", [HI], lambda: False, busy=lambda: 2,
+                      ops=FakeOps({HI: 6})).publish()
+    OccupancyReporter(mw, "std@h", 4, "cpu", [], lambda: True, busy=lambda: 1,
+                      ops=FakeOps({})).publish()
+    doc = json.loads(store.client.hget(occupancy_key(store), "tier@h"))
+    assert abs(doc["at"] - time.time()) < 1  # the server's time (fakeredis: the real one)
+    source = SpillSource(SETTINGS)
+    capacity = source.fetch(store, source.initial)
+    assert capacity.backlog == {HI: 3.0} and capacity.spill_class == "cpu"
+
+
+def test_reports_of_workers_gone_for_an_hour_are_deleted(store: RedisStore) -> None:
+    """A worker killed without withdrawing its report left it in the hash for good, read
+    by every producer in every refresh."""
+    import time
+
+    key = occupancy_key(store)
+    now = time.time()
+    store.client.hset(key, "killed@h", json.dumps(tier_worker(6) | {"at": now - 3700}))
+    store.client.hset(key, "recent@h", json.dumps(tier_worker(6) | {"at": now - 60}))
+    store.client.hset(key, "std@h", json.dumps(standard(idle=2) | {"at": now}))
+    store.client.hset(key, "garbage", b"{not json")
+    store.client.hset(key, "no-time", json.dumps(standard(idle=2)))
+    source = SpillSource(SETTINGS)
+    assert source.fetch(store, source.initial) == NO_CAPACITY  # none fresh serves HI
+    assert sorted(store.client.hkeys(key)) == [b"recent@h", b"std@h"]  # ignored, kept
+
+
 def test_placement_command_shows_the_saturated_queues(store: RedisStore) -> None:
     import time
 
