@@ -1,8 +1,10 @@
-"""``celery aitp status``: stage, live workers and queue depths at a glance."""
+"""``celery aitp status``: stage, live workers and queue depths at a glance.
+
+Workers are those that advertised within the last hour (the store prunes the others);
+one whose heartbeat is older than ``worker_ttl_s`` (killed, or paused) is listed after
+the live ones and marked ``GONE`` (``"alive": false`` with ``--json``)."""
 
 from __future__ import annotations
-
-import time
 
 import click
 
@@ -24,10 +26,15 @@ def command(ctx: click.Context, as_json: bool) -> None:
         stage, split = stage_from_doc(mw.store.read_stage(), mw.policy)
         last = mw.store.stage_history(1)
         guard = read_guard_state(mw.store)
-        workers = mw.store.workers()
+        now, workers = mw.store.workers_at()  # heartbeats: the store server's clock
         counts = mw.store.counts()
     except AitpError as exc:
         fail(str(exc))
+    ttl = mw.settings.worker_ttl_s
+    for w in workers:  # a worker killed without withdrawing stays listed for an hour
+        age = now - float(w["heartbeat"])
+        w["heartbeat_age_s"], w["alive"] = round(age, 3), age <= ttl
+    workers.sort(key=lambda w: not w["alive"])  # the live ones first
     if as_json:
         emit_json({"stage": stage.value, "split": split.model_dump(mode="json"),
                    "last_change": last[0] if last else None, "guard": guard,
@@ -43,9 +50,12 @@ def command(ctx: click.Context, as_json: bool) -> None:
         console.print("changed: never (the policy's stage applies)")
     if guard:
         console.print(f"guard: {describe_guard(guard)}", soft_wrap=True)
-    now = time.time()
-    table("workers", ["worker", "accelerator", "tenants", "tiers", "heartbeat age s"],
-          [(w.get("worker"), w.get("accelerator"), ",".join(w.get("tenants", [])),
+    gone = sum(not w["alive"] for w in workers)
+    table(f"workers ({len(workers) - gone} live, {gone} gone: no heartbeat for more than "
+          f"worker_ttl_s {ttl:g} s)" if gone else "workers",
+          ["worker", "state", "accelerator", "tenants", "tiers", "heartbeat age s"],
+          [(w.get("worker"), "live" if w["alive"] else "GONE", w.get("accelerator"),
+            ",".join(w.get("tenants", [])),
             ",".join(w.get("tiers", [])) + (" (express)" if w.get("express") is True else ""),
-            now - float(w.get("heartbeat", now))) for w in workers])
+            w["heartbeat_age_s"]) for w in workers])
     table("counters", ["counter", "count"], sorted(counts.items()))

@@ -260,3 +260,31 @@ def test_a_source_name_is_registered_once(store):
         assert "counting" in str(exc)
     else:
         raise AssertionError("a second source of the same name was accepted")
+
+
+def test_status_marks_workers_gone_past_their_ttl(app, store):
+    """A SIGKILLed worker's document stays in the store for an hour: `aitp status` listed
+    it among the live workers, unmarked, all that time."""
+    import json
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    from celery_aitp.cli.celery_command import aitp
+
+    store.advertise("alive@h", ["aitp.acme.cpu.hi"], {"tenants": ["acme"]}, ttl_s=60)
+    killed = {"worker": "killed@h", "tenants": ["acme"], "queues": [],
+              "heartbeat": time.time() - 600}  # as the advertisement left it 10 min ago
+    store.client.hset(store.keys.workers, "killed@h", json.dumps(killed))
+    ctx = SimpleNamespace(app=app)
+    out = CliRunner().invoke(aitp, ["status"], obj=ctx, terminal_width=200)
+    assert out.exit_code == 0, out.output
+    assert "1 live, 1 gone" in out.output
+    rows = {line.split()[1]: line for line in out.output.splitlines()
+            if "@h" in line}
+    assert "live" in rows["alive@h"] and "GONE" in rows["killed@h"]
+    assert out.output.index("alive@h") < out.output.index("killed@h")
+    data = json.loads(CliRunner().invoke(aitp, ["status", "--json"], obj=ctx).output)
+    assert [(w["worker"], w["alive"]) for w in data["workers"]] == \
+        [("alive@h", True), ("killed@h", False)]
+    assert 599 < data["workers"][1]["heartbeat_age_s"] < 700
