@@ -24,6 +24,17 @@ def finite_number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+#: A run's queue wait (its start on the worker's clock minus its decision on the
+#: producer's) below minus this is clock skew, not a wait: unknown, neither an SLA hit
+#: nor a miss (counted ``clock_skew``). Within it, small negatives of synced clocks.
+CLOCK_SKEW_TOLERANCE_S = 1.0
+
+
+def skewed_wait(wait: float) -> bool:
+    """Whether a recorded queue wait is too negative to be anything but clock skew."""
+    return wait < -CLOCK_SKEW_TOLERANCE_S
+
+
 def json_number(value: Any) -> str:
     """A number as record JSON, without the general encoder for the common cases: a
     finite float's repr, ``null`` for None, NaN and infinities; anything else as

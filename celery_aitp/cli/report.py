@@ -52,7 +52,8 @@ def _arm_row(name: str, arm: ArmStats) -> list[Any]:
 def _arm_json(arm: ArmStats) -> dict[str, Any]:
     return {"runs": arm.n, "wait_p50_s": arm.wait(0.5), "wait_p90_s": arm.wait(0.9),
             "sla_hit_rate": arm.sla_hit_rate, "failure_rate": arm.failure_rate,
-            "fallback_rate": arm.fallback_rate, "prediction_error": arm.prediction_error}
+            "fallback_rate": arm.fallback_rate, "prediction_error": arm.prediction_error,
+            "clock_skew": arm.clock_skew}
 
 
 @click.command("report")

@@ -93,6 +93,10 @@ EVENT_COUNTERS: dict[str, EventCounter] = {
         "Processes that switched to the policy applied to the fleet (adopted), or kept "
         "their own because their settings reject it or its tiers differ (refused).", "outcome",
         {"policy_adopted": "adopted", "policy_refused": "refused"}),
+    "aitp_clock_skew_runs_total": EventCounter(
+        "Runs whose queue wait came out negative beyond 1 s: the producer's clock ahead of "
+        "the worker's. Their wait is unknown, neither an SLA hit nor a miss.",
+        keys={"clock_skew": ""}),
     OTHER_EVENTS: EventCounter(
         "Fleet counters this dashboard version has no named metric for (a newer producer "
         "or worker wrote them).", "event"),

@@ -13,6 +13,7 @@ from typing import Any
 
 from celery_aitp.dashboard.stats import number
 from celery_aitp.explain import tier_story
+from celery_aitp.numbers import skewed_wait
 from celery_aitp.policy import Policy
 
 
@@ -28,6 +29,7 @@ def task_page(task_id: str, explained: Mapping[str, Any] | None,
     predicted = number(prediction.get("p50_s", o.get("predicted_runtime_s")))
     actual = number(o.get("runtime_s"))
     wait = number(o.get("wait_s"))
+    skewed = wait is not None and skewed_wait(wait)  # clock skew: the wait is unknown
     decision = None if not e else {
         "task": e.get("task"), "tenant": e.get("tenant"), "tier": e.get("tier"),
         "accelerator": route.get("accelerator"), "queue": route.get("would_queue"),
@@ -61,5 +63,6 @@ def task_page(task_id: str, explained: Mapping[str, Any] | None,
             "peak_rss_mb": number(o.get("peak_rss_mb")),
         },
         "sla": {"tier": tier, "sla_s": sla,
-                "met": None if wait is None or sla is None else wait <= sla},
+                "met": None if wait is None or sla is None or skewed else wait <= sla,
+                "clock_skew": skewed},
     }

@@ -14,6 +14,7 @@ from celery_aitp.core.request import decision_outcome
 from celery_aitp.dashboard import shares as work
 from celery_aitp.dashboard.fleet import Snapshot
 from celery_aitp.dashboard.stats import number, prediction_errors, summary
+from celery_aitp.numbers import skewed_wait
 from celery_aitp.policy import Policy
 
 MAX_POINTS = 500
@@ -52,18 +53,25 @@ def decision_breakdown(counts: Mapping[str, int]) -> dict[str, Any]:
 
 
 def sla_by_tier(policy: Policy, records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Share of runs per tier whose queue wait met the tier's SLA."""
+    """Share of runs per tier whose queue wait met the tier's SLA. A wait negative
+    beyond the tolerance is clock skew (the producer ahead of the worker): unknown, not
+    a hit, and counted in ``clock_skew``."""
     waits: dict[str, list[float]] = defaultdict(list)
+    skewed: Counter[str] = Counter()
     for r in records:
         wait = number(r.get("wait_s"))
         if wait is not None and isinstance(r.get("tier"), str):
-            waits[r["tier"]].append(wait)
+            if skewed_wait(wait):
+                skewed[r["tier"]] += 1
+            else:
+                waits[r["tier"]].append(wait)
     rows = []
     for tier in policy.tiers:
         values = waits.get(tier.name, [])
         hits = sum(1 for w in values if w <= tier.sla_s)
         rows.append({"tier": tier.name, "sla_s": tier.sla_s, "n": len(values), "hits": hits,
-                     "hit_rate": hits / len(values) if values else None})
+                     "hit_rate": hits / len(values) if values else None,
+                     "clock_skew": skewed[tier.name]})
     return rows
 
 

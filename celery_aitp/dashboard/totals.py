@@ -14,6 +14,7 @@ from typing import Any
 
 from celery_aitp.dashboard.labels import Bounds
 from celery_aitp.dashboard.stats import number, relative_error
+from celery_aitp.numbers import skewed_wait
 
 #: Queue wait buckets (seconds): from "instant" to half an hour.
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -80,7 +81,7 @@ class RunTotals:
         key = (b.tenant(r.get("tenant")), b.tier(r.get("tier")))
         self.runs[key + (str(r.get("outcome") or "unknown")[:32],)] += 1
         wait = number(r.get("wait_s"))
-        if wait is not None:
+        if wait is not None and not skewed_wait(wait):  # skewed: clock skew, no wait
             self.wait.setdefault(key, Histogram(WAIT_BUCKETS)).observe(max(0.0, wait))
             sla = self.sla.get(str(r.get("tier")))
             if sla is not None and wait > sla:

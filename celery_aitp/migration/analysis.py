@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_aitp.core.request import EXPLICIT_QUEUE
+from celery_aitp.numbers import skewed_wait
 from celery_aitp.policy import Policy
 from celery_aitp.publish.gate_stage import GATED_REASONS
 from celery_aitp.publish.spill_stage import SPILL_REASON
@@ -145,6 +146,7 @@ class ArmStats:
     waits: list[float] = field(default_factory=list)
     sla_checked: int = 0
     sla_hits: int = 0
+    clock_skew: int = 0  # runs whose wait is negative beyond the tolerance: unknown
     failures: int = 0
     fell_back: int = 0  # arm 'routed' but the task took Celery's route (no worker, ...)
     rel_errors: list[float] = field(default_factory=list)
@@ -152,7 +154,9 @@ class ArmStats:
     def add(self, record: Record, sla_s: float | None) -> None:
         self.n += 1
         wait = _num(record.get("wait_s"))
-        if wait is not None:
+        if wait is not None and skewed_wait(wait):  # the producer's clock ahead
+            self.clock_skew += 1
+        elif wait is not None:
             self.waits.append(max(0.0, wait))
             if sla_s is not None:
                 self.sla_checked += 1

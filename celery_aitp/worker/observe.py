@@ -21,6 +21,7 @@ from typing import Any
 from celery import signals
 
 from celery_aitp.core.request import read_header
+from celery_aitp.numbers import finite_number, skewed_wait
 from celery_aitp.predict.drift import DriftSink
 from celery_aitp.predict.features import argument_features, call_signature, magnitude_class
 from celery_aitp.predict.history import HistorySink
@@ -199,11 +200,26 @@ class Observer:
             record = self._record(task, task_id or "", state, args, kwargs, started)
             record.update(measures)
             mw = self.app.aitp
+            self._check_wait(mw, record.get("wait_s"))
             mw.live.buffer(mw.store.keys.observations).add(record)
             record_run(ledger, history, record, self._drift)
         except Exception:  # recording must never fail a task
             self.app.aitp.counters.incr("observations_failed")
             logger.debug("aitp: could not record run of %s", task_id, exc_info=True)
+
+    def _check_wait(self, mw: Any, wait: Any) -> None:
+        """Count a run whose wait is negative beyond the tolerance (``clock_skew``): the
+        producer's clock is ahead of this worker's, so its wait is unknown (readers
+        leave it out of waits and SLA hits); the record keeps it, the size of the skew."""
+        wait = finite_number(wait)
+        if wait is None or not skewed_wait(wait):
+            return
+        mw.counters.incr("clock_skew")
+        if "clock_skew" not in self._reported:
+            self._reported.add("clock_skew")
+            logger.warning("aitp: a run started %.1f s before it was decided: the clocks of "
+                           "its producer and this worker differ (keep them NTP-synced); "
+                           "such runs count as clock_skew, their wait unknown", -wait)
 
     def _header(self, request: Any) -> dict[str, Any]:
         """The checked ``aitp`` header; each rejected field counted and logged once."""

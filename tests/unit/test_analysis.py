@@ -76,6 +76,16 @@ def test_arm_stats_sla_failures_fallbacks_and_control_group():
     assert control.n == 5 and control.wait(0.9) == pytest.approx(2.0)  # acme only
 
 
+def test_a_wait_negative_beyond_a_second_is_clock_skew_not_an_sla_hit():
+    """The guard read a run of a producer 15 s ahead (wait -15 s) as a hit, clamped to
+    a 0 s wait: skew made a routed arm look faster and on time."""
+    records = [run(arm="routed", routed=True, wait_s=w) for w in (-15.0, -0.5, 5.0)]
+    routed = arm_stats(records, POLICY)["routed"]
+    assert routed.n == 3 and routed.waits == [0.0, 5.0]
+    assert (routed.sla_checked, routed.sla_hits) == (2, 1)  # -0.5 s: synced clocks, a hit
+    assert routed.clock_skew == 1
+
+
 def _simulate(rate: float, n: int, hi_share: float, seed: int = 7) -> tuple[list, list]:
     """One server, Poisson arrivals, exponential service: FIFO runs and priority runs."""
     rnd = random.Random(seed)

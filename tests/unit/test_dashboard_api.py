@@ -116,6 +116,25 @@ def test_overview_counts_reasons_and_sla(client):
     assert data["model"]["loaded"] is False and data["events"] == {"tenant_unknown": 2}
 
 
+def test_a_wait_negative_beyond_a_second_is_clock_skew_not_an_sla_hit():
+    """The dashboard counted runs with a wait of -15 s (a producer ahead) as SLA hits."""
+    from celery_aitp.dashboard.explain import task_page
+    from celery_aitp.dashboard.labels import Bounds
+    from celery_aitp.dashboard.pages import sla_by_tier
+    from celery_aitp.dashboard.totals import RunTotals
+
+    policy = parse_policy(TEST_POLICY)
+    runs = [{"tier": "hi", "tenant": "acme", "wait_s": w} for w in (-15.0, -0.5, 0.5, 3.0)]
+    hi = {row["tier"]: row for row in sla_by_tier(policy, runs)}["hi"]
+    assert (hi["n"], hi["hits"]) == (3, 2)  # -0.5 s: synced clocks, a hit
+    assert hi["clock_skew"] == 1
+    totals = RunTotals(Bounds(policy, TASKS), {"hi": 1.0})
+    totals.add(runs)
+    assert totals.wait[("acme", "hi")].n == 3  # not in the wait histogram either
+    story = task_page("t", None, {"task_id": "t", "tier": "hi", "wait_s": -15.0}, policy)
+    assert story["sla"]["met"] is None and story["sla"]["clock_skew"] is True
+
+
 def test_queues_mark_orphaned_and_default(client):
     rows = {q["queue"]: q for q in client.get("/api/queues").json()["queues"]}
     assert rows["default-q"]["kind"] == "default" and rows["default-q"]["depth"] == 1
@@ -167,7 +186,8 @@ def test_task_explain_and_recent_list(client):
     assert tenant["contribution"] == pytest.approx(weights.tenant * 0.7 / total)
     assert "window" in data["note"]  # no decision log given: explained from the window
     assert data["prediction"]["error_s"] == pytest.approx(0.1)
-    assert data["sla"] == {"tier": "hi", "sla_s": 1.0, "met": False}  # waited 2.5 s
+    assert data["sla"] == {"tier": "hi", "sla_s": 1.0, "met": False,  # waited 2.5 s
+                           "clock_skew": False}
     older = client.get("/api/tasks/g-1").json()
     assert older["found"] and older["factors"] == [] and older["prediction"]["source"] is None
     assert client.get("/api/tasks/nope").status_code == 404

@@ -42,6 +42,22 @@ def test_a_run_is_recorded_with_the_documented_fields(app, wire):
     assert HistoryStore(app.aitp.store).read()[("acme", task.name)][0] == 1
 
 
+def test_a_run_decided_on_a_clock_ahead_is_counted_as_clock_skew(app, caplog):
+    """A producer 15 s ahead of the worker gives its runs a wait of about -15 s: counted
+    (and logged once) so an operator sees it; the record keeps the wait as it came."""
+    import time
+
+    app.aitp.live.current()
+    task = app.tasks["tests.unit.conftest.urgent"]
+    for ahead in (15.0, 15.0, 0.5):  # the last within the tolerance: synced clocks
+        task.apply((1,), headers={"aitp": {**HEADER, "decided_at": time.time() + ahead}})
+    waits = [r["wait_s"] for r in records(app)]
+    assert waits[0] < -14 and waits[1] < -14 and -1 < waits[2] <= 0
+    assert app.aitp.store.counts().get("clock_skew") == 2
+    assert sum("clocks of its producer and this worker differ" in r.getMessage()
+               for r in caplog.records) == 1
+
+
 def test_a_failed_run_is_recorded_and_not_added_to_the_history(app):
     app.aitp.live.current()
 

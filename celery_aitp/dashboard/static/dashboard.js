@@ -65,7 +65,7 @@
     set("model-sub", d.model && d.model.age_s !== null && d.model.age_s !== undefined ? "trained " + fmt(d.model.age_s) + " s ago" : "per-task estimates");
     C.line($("rate-chart"), d.rate_history);
     C.hbars($("sla-chart"), d.sla.map(function (r) {
-      return { label: r.tier + " (≤ " + fmt(r.sla_s) + " s)", value: r.hit_rate === null ? 0 : r.hit_rate,
+      return { label: r.tier + " (≤ " + fmt(r.sla_s) + " s" + (r.clock_skew ? ", " + r.clock_skew + " clock skew" : "") + ")", value: r.hit_rate === null ? 0 : r.hit_rate,
         color: r.hit_rate !== null && r.hit_rate < 0.95 ? COLORS.miss : COLORS.routed,
         title: r.tier + ": " + r.hits + " of " + r.n + " runs met the SLA" };
     }), { max: 1, format: pct, empty: "no runs in the window" });
@@ -207,7 +207,7 @@
     set("predicted-sub", (p.source ? "source " + p.source : "no prediction source recorded") +
       (p.predicted_p90_s !== null ? " · p90 " + fmt(p.predicted_p90_s) + " s" : ""));
     set("wait-value", secs(run.wait_s));
-    set("wait-sub", d.sla.sla_s !== null ? "SLA " + fmt(d.sla.sla_s) + " s: " + (d.sla.met === null ? "not run yet" : (d.sla.met ? "met" : "missed")) : "");
+    set("wait-sub", d.sla.sla_s !== null ? "SLA " + fmt(d.sla.sla_s) + " s: " + (d.sla.clock_skew ? "unknown (clock skew)" : d.sla.met === null ? "not run yet" : (d.sla.met ? "met" : "missed")) : "");
     var flower = $("flower-link");
     if (flower && d.flower_url) { flower.href = d.flower_url; $("flower-row").hidden = false; }
     set("score-hint", d.score !== null ? "score " + fmt(d.score) + (d.tier_story ? " · " + d.tier_story : "") : "");
