@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from celery_aitp.errors import PolicyError
 from celery_aitp.priority_policy import (
     AgingSettings,
     FairShareSettings,
     FeedbackSettings,
+    NumbersAreNumbers,
     PlacementSettings,
     PrioritySettings,
     ProfileSettings,
@@ -58,7 +59,7 @@ def _check_name(value: str) -> str:
     return value
 
 
-class _Model(BaseModel):
+class _Model(NumbersAreNumbers):
     # allow_inf_nan: an infinite SLA or a NaN weight would turn every score into NaN
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -628,6 +629,32 @@ def parse_policy(data: Mapping[str, Any]) -> Policy:
         raise PolicyError("(policy): nested too deeply (or refers to itself)") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that names a key twice: the last one won
+    silently, so a tenant capped at ``lo`` and listed again further down with ``hi``
+    validated as ``hi``."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _json_object_unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads`` object hook refusing a key named twice (as :class:`_UniqueKeyLoader`)."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"duplicate key {key!r}")
+        found[key] = value
+    return found
+
+
 def read_policy_file(path: str | Path) -> Policy:
     """Load a policy from a YAML (.yml/.yaml) or JSON file."""
     path = Path(path)
@@ -639,7 +666,10 @@ def read_policy_file(path: str | Path) -> Policy:
         raise PolicyError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     kind = "JSON" if path.suffix == ".json" else "YAML"
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        if path.suffix == ".json":
+            data = json.loads(text, object_pairs_hook=_json_object_unique)
+        else:
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except (ValueError, yaml.YAMLError) as exc:
         raise PolicyError(f"{path}: not valid {kind}: {exc}") from None
     except RecursionError:

@@ -7,7 +7,11 @@ policy reference) and docs/placement.md (how each field is used).
 
 from __future__ import annotations
 
+import types
+import typing
+from collections.abc import Mapping
 from enum import Enum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -17,7 +21,29 @@ FACTORS = ("tenant", "sla", "impact", "resources", "age")
 URGENCY_FACTORS = FACTORS
 
 
-class _Section(BaseModel):
+def _takes_a_number(annotation: Any) -> bool:
+    """Whether a field is a number (``float``, ``int``, or either or None)."""
+    kinds = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or \
+        typing.get_origin(annotation) is typing.Union else (annotation,)
+    return any(kind in (float, int) for kind in kinds)
+
+
+class NumbersAreNumbers(BaseModel):
+    """A number field takes a number, not a boolean or a string: pydantic's lax mode read
+    ``weight: true`` as 1 and ``weight: "3"`` as 3, and a policy with either validated."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            for name, field in cls.model_fields.items():
+                value = data.get(name)
+                if isinstance(value, (bool, str)) and _takes_a_number(field.annotation):
+                    raise ValueError(f"{name}: {value!r} is not a number")
+        return data
+
+
+class _Section(NumbersAreNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 

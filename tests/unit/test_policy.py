@@ -74,6 +74,26 @@ def test_unreadable_and_malformed_files_are_clear_errors(tmp_path):
         read_policy_file(bad)
 
 
+def test_a_key_named_twice_is_refused_not_last_one_wins(tmp_path):
+    """``acme`` capped at lo, then listed again with hi further down, validated as hi."""
+    yml = tmp_path / "twice.yaml"
+    yml.write_text("tenants:\n  default: {}\n  acme: {max_tier: lo}\n  acme: {max_tier: hi}\n")
+    with pytest.raises(PolicyError, match="duplicate key 'acme'"):
+        read_policy_file(yml)
+    js = tmp_path / "twice.json"
+    js.write_text('{"stage": "split", "stage": "takeover"}')
+    with pytest.raises(PolicyError, match="duplicate key 'stage'"):
+        read_policy_file(js)
+
+
+@pytest.mark.parametrize("value", [True, "3"])
+def test_a_number_field_takes_no_boolean_or_string(value):
+    with pytest.raises(PolicyError, match="weight: .* is not a number"):
+        parse_policy({"tenants": {"default": {}, "acme": {"weight": value}}})
+    with pytest.raises(PolicyError, match="tenant: .* is not a number"):
+        parse_policy({"priority": {"weights": {"tenant": value}}})
+
+
 def test_validate_command_lists_errors_and_exits_non_zero(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("tiers: [{name: hi, sla_s: 0}]\ntenants: {default: {max_tier: nope}}\n")
