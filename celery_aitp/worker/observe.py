@@ -21,10 +21,12 @@ from typing import Any
 from celery import signals
 
 from celery_aitp.core.request import read_header
+from celery_aitp.errors import PolicyError
 from celery_aitp.numbers import finite_number, skewed_wait
 from celery_aitp.predict.drift import DriftSink
 from celery_aitp.predict.features import argument_features, call_signature, magnitude_class
 from celery_aitp.predict.history import HistorySink
+from celery_aitp.queues import parse_tier_queue
 from celery_aitp.worker.ledger import RunLedger
 from celery_aitp.worker.meter import RunMeter, make_probe
 
@@ -201,6 +203,7 @@ class Observer:
             record.update(measures)
             mw = self.app.aitp
             self._check_wait(mw, record.get("wait_s"))
+            self._check_visibility(mw, record)
             mw.live.buffer(mw.store.keys.observations).add(record)
             record_run(ledger, history, record, self._drift)
         except Exception:  # recording must never fail a task
@@ -220,6 +223,33 @@ class Observer:
             logger.warning("aitp: a run started %.1f s before it was decided: the clocks of "
                            "its producer and this worker differ (keep them NTP-synced); "
                            "such runs count as clock_skew, their wait unknown", -wait)
+
+    def _check_visibility(self, mw: Any, record: Mapping[str, Any]) -> None:
+        """Count a run from a Redis tier queue that outlasted ``visibility_timeout``
+        (``visibility_exceeded``): a strict worker acknowledges such a delivery after the
+        run, so Redis handed it out again meanwhile and it may have run twice. The
+        producers' visibility guard flags the task once its runs are in the history; a
+        task with no history had no prediction to flag it by."""
+        queue = record.get("queue")
+        runtime = finite_number(record.get("runtime_s"))
+        if runtime is None or not isinstance(queue, str) or parse_tier_queue(queue) is None:
+            return
+        try:
+            limit = mw.visibility_timeout_s  # None: not Redis
+        except PolicyError:  # a bad timeout: said by the producers' guard
+            return
+        if limit is None or runtime <= limit:
+            return
+        mw.counters.incr("visibility_exceeded")
+        task = str(record.get("task"))
+        if f"visibility:{task}" not in self._reported and len(self._reported) < 1000:
+            self._reported.add(f"visibility:{task}")
+            logger.warning("aitp: %s ran %.0f s from tier queue %s, longer than the Redis "
+                           "visibility_timeout (%.0f s): the broker may have handed it to "
+                           "another worker meanwhile, so it may have run twice. Raise "
+                           "broker_transport_options['visibility_timeout'] above its "
+                           "longest run (docs/brokers.md); counted as visibility_exceeded",
+                           task, runtime, queue, limit)
 
     def _header(self, request: Any) -> dict[str, Any]:
         """The checked ``aitp`` header; each rejected field counted and logged once."""

@@ -58,6 +58,33 @@ def test_a_run_decided_on_a_clock_ahead_is_counted_as_clock_skew(app, caplog):
                for r in caplog.records) == 1
 
 
+def _echo(x: object) -> object:
+    return x
+
+
+def test_a_tier_run_longer_than_the_visibility_timeout_is_counted_and_said(store, caplog):
+    """A strict worker acknowledges a tier delivery after the run: one longer than Redis's
+    visibility_timeout may have run twice, and a task with no history had no prediction
+    for the producers' guard to flag it by."""
+    from celery import Celery
+
+    import celery_aitp
+    from tests.conftest import TEST_POLICY
+
+    app = Celery("visibility", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.broker_transport_options = {"visibility_timeout": 1e-9}  # any run outlasts it
+    celery_aitp.install(app, policy=TEST_POLICY, store=store)
+    task = app.task(name="vis.urgent", shared=False)(_echo)
+    app.aitp.live.current()
+    for _ in range(2):
+        task.apply((1,), headers={"aitp": HEADER}, routing_key="aitp.acme.cpu.hi")
+    task.apply((1,), headers={"aitp": HEADER}, routing_key="default-q")  # acked at start
+    records(app)
+    assert app.aitp.store.counts().get("visibility_exceeded") == 2
+    assert sum("longer than the Redis visibility_timeout" in r.getMessage()
+               for r in caplog.records) == 1
+
+
 def test_a_failed_run_is_recorded_and_not_added_to_the_history(app):
     app.aitp.live.current()
 
