@@ -669,7 +669,11 @@ def read_policy_file(path: str | Path) -> Policy:
         if path.suffix == ".json":
             data = json.loads(text, object_pairs_hook=_json_object_unique)
         else:
-            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+            loader = _UniqueKeyLoader(text)  # a SafeLoader: plain data only
+            try:
+                data = loader.get_single_data()
+            finally:
+                loader.dispose()
     except (ValueError, yaml.YAMLError) as exc:
         raise PolicyError(f"{path}: not valid {kind}: {exc}") from None
     except RecursionError:
