@@ -74,6 +74,8 @@ class TenantStage:
     def _why_unknown(self, raw: Any) -> str:
         if isinstance(raw, str) and NAME_PATTERN.match(raw) is None:
             return f"which is not a valid tenant name ({NAME_RULE})"
+        if self.unlisted_class is not None:  # then only a class's own name is unknown
+            return "which names a tenant class, not a tenant"
         return ("which the policy does not list; to give tenants nobody lists a fair share "
                 "of their own, set unlisted_tenants to a tenant class (docs/scale.md)")
 

@@ -451,3 +451,11 @@ def test_a_class_name_is_never_taken_for_an_unlisted_tenant() -> None:
     split selecting it, would have mixed a tenant into them."""
     names = TenantNames(POLICY)
     assert "newco" in names and "std" not in names and "closed" not in names
+
+
+def test_a_header_naming_a_class_is_said_to_name_a_class(caplog) -> None:
+    """With unlisted_tenants set, the log advised setting it."""
+    with caplog.at_level("WARNING", logger="celery_aitp.publish.tenant_stage"):
+        found = decide(POLICY, "std")
+    assert (found.tenant, found.notes) == ("default", ["tenant_unknown"])
+    assert "names a tenant class" in caplog.text and "set unlisted_tenants" not in caplog.text
