@@ -205,6 +205,9 @@ class Middleware(Deployment):
         body = message.body
         if type(body) is tuple and len(body) >= 2:
             args, kwargs = body[0], body[1]
+        elif type(body) is dict:  # task protocol 1: the body holds what v2's headers hold
+            args, kwargs = body.get("args", ()), body.get("kwargs", {})
+            msg_headers = {**body, **msg_headers}
         else:
             args, kwargs = (), {}
         task_id = msg_headers.get("id")
@@ -237,6 +240,9 @@ def _task_id(message: Any) -> str:
     try:
         headers = getattr(message, "headers", None)
         found = headers.get("id") if type(headers) is dict else None
+        body = getattr(message, "body", None)
+        if found is None and type(body) is dict:  # task protocol 1
+            found = body.get("id")
         return found if type(found) is str else ""
     except Exception:
         return ""

@@ -172,3 +172,21 @@ def test_a_real_retry_keeps_its_age_from_the_header_the_worker_received(
     finally:
         running.leave()
     assert msg["aitp"]["origin_at"] == first["aitp"]["decided_at"]
+
+
+def test_task_protocol_1_reads_the_tenant_kwarg_and_the_id_from_the_body(
+        store: RedisStore) -> None:
+    """Protocol 1 keeps args, kwargs and the id in the body (its headers are empty): the
+    tenant argument was ignored and records had no task id to explain."""
+    from types import SimpleNamespace
+
+    app = Celery("protocol1", broker="memory://", set_as_current=False)
+    mw = celery_aitp.install(app, policy=POLICY, store=store)
+    make_live(store, "aitp.globex.cpu.lo")
+    mw.live.refresh()
+    message = SimpleNamespace(headers={}, body={"task": "t", "id": "p1-id", "args": [1],
+                                                "kwargs": {"customer": "globex"}})
+    options = mw.on_publish("t", message, {"_aitp_auto": True})
+    assert read_header(options["headers"]["aitp"])["tenant"] == "globex"
+    mw.live.flush()
+    assert mw.decision_log.find("p1-id") is not None
