@@ -47,7 +47,11 @@ def command(ctx: click.Context, as_json: bool) -> None:
         console.print(f"changed {when(entry.get('at'))} by {entry.get('who')}{why}",
                       soft_wrap=True)
     else:
-        console.print("changed: never (the policy's stage applies)")
+        console.print("changed: never recorded: the store holds no stage, so each process "
+                      "decides by its own policy's stage (this one's: "
+                      f"{mw.policy.stage.value}). If the store lost its data, set the stage "
+                      "again with 'celery aitp stage' so every process follows one.",
+                      soft_wrap=True)
     if guard:
         console.print(f"guard: {describe_guard(guard)}", soft_wrap=True)
     gone = sum(not w["alive"] for w in workers)

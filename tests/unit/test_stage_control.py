@@ -149,6 +149,8 @@ def test_stage_coexistence_reports_the_drain(app, fast):
 
 
 def test_history_and_status_show_the_changes(app, fast):
+    never = " ".join(cli(app, "status").output.split())  # lines folded
+    assert "never recorded" in never and "set the stage again" in never
     cli(app, "stage", "split", "--percent", "5", "--reason", "canary")
     cli(app, "stage", "takeover")
     out = cli(app, "history")
