@@ -17,10 +17,13 @@ from pydantic import ValidationError
 
 from celery_aitp.cli.celery_command import middleware_of
 from celery_aitp.cli.output import console, emit_json, fail
-from celery_aitp.errors import AitpError
+from celery_aitp.errors import AitpError, StageConflict
 from celery_aitp.migration.control import StageControl, who_am_i
 from celery_aitp.migration.describe import describe, describe_doc
 from celery_aitp.policy import SplitSettings, Stage
+
+#: Reads and compare-and-set writes a change tries while others land in between.
+CHANGE_ATTEMPTS = 5
 
 #: ``--select`` keys and the SplitSettings field each sets.
 SELECTORS = {"tenant": "tenants", "task": "tasks", "tier": "tiers",
@@ -80,14 +83,22 @@ def command(ctx: click.Context, stage: str | None, percent: float | None,
     """Show the live stage, or switch it (coexistence drains the tier queues)."""
     control = StageControl(middleware_of(ctx))
     try:
-        current_stage, current_split, doc = control.read()
-        if stage is None:
-            if percent is not None or select:
-                raise click.UsageError("--percent/--select need a stage (e.g. 'split')")
-            _show(current_stage, current_split, as_json)
-            return
-        split = new_split(current_split, percent, select)
-        change = control.change(Stage(stage), split, who_am_i("cli"), reason)
+        for _ in range(CHANGE_ATTEMPTS):
+            current_stage, current_split, doc = control.read()
+            if stage is None:
+                if percent is not None or select:
+                    raise click.UsageError("--percent/--select need a stage (e.g. 'split')")
+                _show(current_stage, current_split, as_json)
+                return
+            split = new_split(current_split, percent, select)
+            try:  # written only over what was read: two operators' edits both land
+                change = control.change(Stage(stage), split, who_am_i("cli"), reason,
+                                        expect=doc)
+                break
+            except StageConflict:
+                continue  # another change landed in between: apply this one on top of it
+        else:
+            raise AitpError("the stage kept changing under this command; try again")
     except AitpError as exc:
         fail(str(exc))
     if as_json:

@@ -148,6 +148,28 @@ def test_stage_coexistence_reports_the_drain(app, fast):
     assert "moved 0 waiting message(s) from tier queues to default-q" in out.output
 
 
+def test_two_operators_editing_the_split_at_once_both_land(app, fast, monkeypatch):
+    """The CLI read the split, then wrote its edit over whatever had landed meanwhile:
+    'split --percent 50' and 'split --select tenant=acme' at the same instant lost one."""
+    cli(app, "stage", "split", "--percent", "10")
+    real_read = StageControl.read
+    landed = []
+
+    def read_then_another_lands(self: StageControl) -> Any:
+        found = real_read(self)
+        if not landed:  # the other operator's change, between this read and the write
+            landed.append(True)
+            self.middleware.store.write_stage(
+                {"stage": "split", "split": {"percent": 50}}, who="other")
+        return found
+
+    monkeypatch.setattr(StageControl, "read", read_then_another_lands)
+    out = cli(app, "stage", "split", "--select", "tenant=acme")
+    assert out.exit_code == 0, out.output
+    split = fast.store.read_stage()["split"]
+    assert split["percent"] == 50 and split["tenants"] == ["acme"]
+
+
 def test_history_and_status_show_the_changes(app, fast):
     never = " ".join(cli(app, "status").output.split())  # lines folded
     assert "never recorded" in never and "set the stage again" in never
