@@ -128,6 +128,8 @@ def test_a_wait_negative_beyond_a_second_is_clock_skew_not_an_sla_hit():
     hi = {row["tier"]: row for row in sla_by_tier(policy, runs)}["hi"]
     assert (hi["n"], hi["hits"]) == (3, 2)  # -0.5 s: synced clocks, a hit
     assert hi["clock_skew"] == 1
+    # what the tier's tasks waited, beside the hit rate (which loose SLAs keep at 100%)
+    assert hi["wait_p95_s"] == pytest.approx(2.75)
     totals = RunTotals(Bounds(policy, TASKS), {"hi": 1.0})
     totals.add(runs)
     assert totals.wait[("acme", "hi")].n == 3  # not in the wait histogram either

@@ -65,7 +65,7 @@
     set("model-sub", d.model && d.model.age_s !== null && d.model.age_s !== undefined ? "trained " + fmt(d.model.age_s) + " s ago" : "per-task estimates");
     C.line($("rate-chart"), d.rate_history);
     C.hbars($("sla-chart"), d.sla.map(function (r) {
-      return { label: r.tier + " (≤ " + fmt(r.sla_s) + " s" + (r.clock_skew ? ", " + r.clock_skew + " clock skew" : "") + ")", value: r.hit_rate === null ? 0 : r.hit_rate,
+      return { label: r.tier + " (≤ " + fmt(r.sla_s) + " s" + (r.wait_p95_s !== null && r.wait_p95_s !== undefined ? ", p95 wait " + fmt(r.wait_p95_s) + " s" : "") + (r.clock_skew ? ", " + r.clock_skew + " clock skew" : "") + ")", value: r.hit_rate === null ? 0 : r.hit_rate,
         color: r.hit_rate !== null && r.hit_rate < 0.95 ? COLORS.miss : COLORS.routed,
         title: r.tier + ": " + r.hits + " of " + r.n + " runs met the SLA" };
     }), { max: 1, format: pct, empty: "no runs in the window" });
