@@ -244,8 +244,11 @@ def test_every_reference_in_the_manifests_names_something_that_exists():
             for source in container.get("envFrom", []):
                 assert source["configMapRef"]["name"] in config_maps
             for env in container.get("env", []):
-                if "valueFrom" in env:
-                    secrets.add(env["valueFrom"]["secretKeyRef"]["name"])
+                source = env.get("valueFrom", {})
+                if "secretKeyRef" in source:
+                    secrets.add(source["secretKeyRef"]["name"])
+                elif source:  # the pod's own fields (its IP, for the dashboard's Host check)
+                    assert source["fieldRef"]["fieldPath"].startswith("status."), env
     for monitor in of_kind("ServiceMonitor").values():
         for endpoint in monitor["spec"]["endpoints"]:
             secrets.update(ref["name"] for ref in endpoint["basicAuth"].values())
