@@ -8,9 +8,6 @@ Prediction sources, best first (``decision.prediction_source``):
 
 ``model``         the current LightGBM model (compiled, cached by feature key), unless
                   the task's live error drifted beyond the bound (``prediction_drift``)
-``call_runs``     a model is in use, but the same call's own last two runs both lay
-                  beyond :data:`CALL_OVERRULE_FACTOR` of its median, on the same side:
-                  the call's estimate (as ``call_history``), ranked with the model's sizes
 ``call_history``  cold start: the same call (this task with the same argument values)
                   ran at least twice: the mean of its last two runs, and the longer one
 ``size_history``  cold start: the runs of this task's calls whose largest argument is of
@@ -37,18 +34,10 @@ from celery_aitp.predict.features import base_of
 from celery_aitp.predict.history import (
     EMPTY_HISTORY,
     HISTORY_SOURCE,
-    Estimate,
     HistorySource,
     HistoryView,
 )
 from celery_aitp.predict.model_source import MODEL_SOURCE, ModelSource
-
-#: How far (a factor) both of a call's last two runs must lie from the model's median,
-#: on the same side, for the call's own runs to replace the model's prediction: the
-#: drift bound's factor, a miss the model makes for a whole task only when it is broken.
-CALL_OVERRULE_FACTOR = 3.0
-#: ``prediction_source`` of a call's own runs overruling the model.
-CALL_RUNS = "call_runs"
 
 
 class FeatureStage:
@@ -109,16 +98,11 @@ class PredictStage:
                 model = None
         if model is not None:
             default = model.base_default_s
-            history = view.sources.get(HISTORY_SOURCE, EMPTY_HISTORY)
             if default is not None:  # the model corrects the history estimate
+                history = view.sources.get(HISTORY_SOURCE, EMPTY_HISTORY)
                 base = base_of(history.of(decision.tenant, request.task), default)
                 p50 *= base
                 p90 *= base
-            own = history.of_call(request.task, request.args, request.kwargs)
-            if own is not None and call_overrules(own, p50):
-                decision.predicted_runtime_s, decision.predicted_p90_s = own
-                decision.prediction_source = CALL_RUNS
-                return
             decision.predicted_runtime_s = p50
             decision.predicted_p90_s = p90
             decision.prediction_source = MODEL_PREDICTION
@@ -128,22 +112,6 @@ class PredictStage:
         if found is not None:
             decision.predicted_runtime_s, decision.predicted_p90_s, \
                 decision.prediction_source = found
-
-
-def call_overrules(own: Estimate, p50: float) -> bool:
-    """Whether a call's own last two runs (``own``: their mean and the longer,
-    :meth:`HistoryView.of_call`) both lie beyond :data:`CALL_OVERRULE_FACTOR` of the
-    model's median ``p50``, on the same side.
-
-    A model sees a call through its features: an account id or a customer's name is
-    opaque to it, so a task whose runtime depends on *which* account it syncs is
-    predicted at the task's usual runtime for every account, and an always-slow
-    account's calls took the top tier, each holding a process for seconds. The same
-    call's two last runs know better when both say so; one long run beside a short one
-    (a blip) leaves the model's prediction."""
-    mean, longer = own
-    shorter = 2.0 * mean - longer  # the estimate is the mean of exactly two runs
-    return shorter > p50 * CALL_OVERRULE_FACTOR or longer * CALL_OVERRULE_FACTOR < p50
 
 
 def cold_start(history: HistoryView, request: Request, tenant: str

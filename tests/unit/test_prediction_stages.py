@@ -18,7 +18,6 @@ from celery_aitp.predict.features import argument_features, call_signature
 from celery_aitp.predict.history import HISTORY_SOURCE, HistoryStore, Run
 from celery_aitp.predict.model_source import MODEL_SOURCE
 from celery_aitp.predict.model_store import ModelStore
-from celery_aitp.publish.predict_stage import call_overrules
 from tests.unit.conftest import make_live
 
 
@@ -135,40 +134,6 @@ def test_the_model_predicts_once_promoted(synthetic_app, store, published, train
     assert (h["predicted_runtime_s"], h["predicted_p90_s"]) == (on_grid(low) * 0.2,
                                                                 on_grid(high) * 0.2)
     assert h["predicted_p90_s"] >= h["predicted_runtime_s"] > 0
-
-
-def test_a_calls_own_runs_overrule_the_model_when_both_disagree_alike(
-        synthetic_app, store, published, trained):
-    """An account id is opaque to a model: an always-slow account's calls were predicted
-    at the task's usual runtime and took the top tier. Its own last two runs, both far
-    beyond the model's median, win; ranked with the model's sizes (not a cold start)."""
-    def call(*args: Any) -> str:
-        return call_signature(argument_features(args, {}))
-
-    make_live(store, "aitp.acme.cpu.lo")
-    ModelStore(store).promote(trained.bundle)
-    HistoryStore(store).add_runs([Run("acme", "media.resize", 0.2, None, call(1, 1))] * 2)
-    refreshed(synthetic_app)
-    model = publish(synthetic_app, published, "media.resize", 640, 480)
-    assert model["prediction_source"] == "model"
-    slow = 1000 * model["predicted_p90_s"]
-    HistoryStore(store).add_runs([Run("globex", "media.resize", slow, None, call(640, 480)),
-                                  Run("globex", "media.resize", 2 * slow, None,
-                                      call(640, 480))])  # another tenant's: the same call
-    refreshed(synthetic_app)
-    h = publish(synthetic_app, published, "media.resize", 640, 480)
-    assert (h["predicted_runtime_s"], h["predicted_p90_s"], h["prediction_source"]) == \
-        (pytest.approx(1.5 * slow), pytest.approx(2 * slow), "call_runs")
-    assert publish(synthetic_app, published, "media.resize", 640, 481)[
-        "prediction_source"] == "model"  # another call
-
-
-def test_a_call_overrules_only_when_both_its_runs_lie_beyond_the_factor_on_one_side() -> None:
-    assert call_overrules((4.0, 4.0), 1.0) and call_overrules((0.3, 0.3), 1.0)
-    assert call_overrules((0.2, 0.3), 1.0)  # both below a third
-    assert not call_overrules((2.0, 3.5), 1.0)  # 0.5 and 3.5: one of them near the median
-    assert not call_overrules((1.8, 2.9), 1.0)  # both within 3x
-    assert not call_overrules((20.5, 40.0), 1.0)  # 1 s beside 40 s: a blip, not the call
 
 
 def test_a_direct_model_predicts_without_the_history_estimate(
