@@ -91,8 +91,11 @@ def middle_slice(trace: Trace, jobs: int) -> Trace:
 
 def replay_trace(name: str, trace: Trace, policy: Policy, load: float,
                  train_share: float, trainer: TrainerSettings | None,
-                 express: int = 0) -> dict[str, Any]:
-    """One trace: train on its first part, replay aitp, cold, FIFO and the oracle."""
+                 express: int = 0, tau_s: float = TAU_S,
+                 refresh_s: float = REFRESH_S) -> dict[str, Any]:
+    """One trace: train on its first part, replay aitp, cold, FIFO and the oracle
+    (``tau_s``: the slowdown's bound; ``refresh_s``: simulated seconds between two
+    refreshes of the pipeline's shared state)."""
     cut = int(len(trace) * train_share)
     started = time.perf_counter()
     trained = train(as_recorded(trace.records[:cut], policy))
@@ -100,8 +103,8 @@ def replay_trace(name: str, trace: Trace, policy: Policy, load: float,
         raise SystemExit(f"{name}: no model ({trained.reason})")
     scores = {s.name: {"mae_s": s.mae, "within_2x": s.within_2x} for s in trained.scores}
     slots = slots_for_load(trace, load, policy.default_accelerator)
-    config = ReplayConfig(slots=slots, tau_s=TAU_S, size_targets=True,
-                          refresh_interval_s=REFRESH_S, count_from=trace.published[cut],
+    config = ReplayConfig(slots=slots, tau_s=tau_s, size_targets=True,
+                          refresh_interval_s=refresh_s, count_from=trace.published[cut],
                           trainer=trainer, express=express)
     build = pipeline_factory(policy)
     with embedded_stores(model=trained.bundle) as stores, \
