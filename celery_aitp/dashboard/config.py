@@ -116,14 +116,17 @@ def canonical_host(name: str) -> str | None:
         return name if _HOST_NAME.match(name) else None
 
 
+def _items(values: str | Sequence[str]) -> list[str]:
+    """The entries of a comma-separated option, given once or repeated (blanks dropped)."""
+    parts = values.split(",") if isinstance(values, str) else \
+        [part for value in values for part in str(value).split(",")]
+    return [part.strip() for part in parts if part.strip()]
+
+
 def parse_allowed_hosts(values: str | Sequence[str]) -> tuple[str, ...]:
     """Host names or addresses (comma-separated or a list), or ``*``; normalised."""
-    items = values.split(",") if isinstance(values, str) else \
-        [part for value in values for part in str(value).split(",")]
     found: list[str] = []
-    for item in (i.strip() for i in items):
-        if not item:
-            continue
+    for item in _items(values):
         name = TRUST_ANY if item == TRUST_ANY else canonical_host(item)
         if name is None:
             raise PolicyError(
@@ -163,12 +166,8 @@ def normalise_prefix(prefix: str | None) -> str:
 
 def parse_forwarded_allow_ips(values: str | Sequence[str]) -> tuple[str, ...]:
     """IP addresses and networks (comma-separated or a list), or ``*``; normalised."""
-    items = values.split(",") if isinstance(values, str) else \
-        [part for value in values for part in str(value).split(",")]
     found: list[str] = []
-    for item in (i.strip() for i in items):
-        if not item:
-            continue
+    for item in _items(values):
         if item == TRUST_ANY:
             found.append(TRUST_ANY)
             continue
