@@ -44,8 +44,10 @@ EVENT_COUNTERS: dict[str, EventCounter] = {
         "input", {key: key for key in ("accelerator_unknown", "tier_unknown", "labels_unknown",
                                        "labels_invalid", "labels_ignored")}),
     "aitp_visibility_risks_total": EventCounter(
-        "Tasks whose ETA or predicted run time passes the broker's visibility timeout.",
-        "reason", {"visibility_eta": "eta", "visibility_runtime": "runtime"}),
+        "Tasks whose ETA or predicted run time passes the broker's visibility timeout, and "
+        "tier runs that outlasted it (exceeded: they may have run twice).",
+        "reason", {"visibility_eta": "eta", "visibility_runtime": "runtime",
+                   "visibility_exceeded": "exceeded"}),
     "aitp_rejected_inputs_total": EventCounter(
         "Malformed or hostile input refused and replaced by a safe default: headers= that "
         "is not a mapping, a bad stage document, a model that does not load, a bad field "
